@@ -1,0 +1,322 @@
+"""Kernel bodies per schedule kind: pointwise, inner persistent, inner looped, outer."""
+
+from __future__ import annotations
+
+from fuser.codegen.triton.render import (
+    TL_DTYPE,
+    Chunk,
+    TritonKernelWriter,
+    _acc_dtype,
+    _cone,
+    _identity,
+)
+from fuser.ir.graph import Node
+from fuser.ir.ops import REDUCE
+from fuser.segmenter import Kind
+
+
+class Emitter:
+    """Emits nodes for one chunk context, loading inputs on first use."""
+
+    def __init__(self, kw: TritonKernelWriter):
+        self.kw = kw
+        self.loaded: set[tuple[int, int | None]] = set()
+        self.done: set[tuple[int, int | None]] = set()
+
+    def key(self, vid: int, chunk: Chunk | None) -> tuple[int, int | None]:
+        kind = self.kw.spec.kinds.get(vid)
+        per_chunk = kind in (Kind.FULL, Kind.COL) and chunk is not None
+        return (vid, chunk.index if per_chunk else None)
+
+    def ensure_inputs(self, node: Node, chunk: Chunk | None) -> None:
+        for v in node.inputs:
+            arg = self.kw.args.get(v.id)
+            if arg is not None and not arg.is_output:
+                k = self.key(v.id, chunk)
+                if k not in self.loaded:
+                    self.loaded.add(k)
+                    self.kw.load(arg, chunk if arg.kind in (Kind.FULL, Kind.COL) else None)
+
+    def node(self, node: Node, chunk: Chunk | None) -> None:
+        k = self.key(node.out.id, chunk)
+        if k in self.done:
+            return
+        self.done.add(k)
+        self.ensure_inputs(node, chunk)
+        self.kw.compute(node, chunk)
+        self.maybe_store(node, chunk)
+
+    def maybe_store(self, node: Node, chunk: Chunk | None) -> None:
+        for v in node.outputs:
+            arg = self.kw.args.get(v.id)
+            if arg is not None and arg.is_output:
+                self.kw.store(arg, chunk if arg.kind in (Kind.FULL, Kind.COL) else None)
+
+
+def _chunk_of(kw: TritonKernelWriter, index: int | None, offset: int | str, width: int) -> Chunk:
+    off = "" if offset == 0 else f"{offset} + "
+    masked = isinstance(offset, int) and offset + width > kw.spec.cols
+    return Chunk(index, off, width, masked)
+
+
+def _reduce_name(node: Node) -> str:
+    return node.out.name
+
+
+def inner_persistent(kw: TritonKernelWriter) -> str:
+    spec, s, w = kw.spec, kw.s, kw.w
+    chunks = [_chunk_of(kw, i, off, width) for i, (off, width) in enumerate(s.chunks())]
+    em = Emitter(kw)
+    w.line("@triton.jit")
+    with w.block(kw.signature([])):
+        w.comment(
+            f"{s.rows_per_block} row(s) per program; each row is {len(chunks)} chunk(s) "
+            "kept in registers"
+        )
+        kw.row_setup("tl.program_id(0)")
+        for c in chunks:
+            kw.col_setup(c)
+        for node in spec.nodes:
+            kind = spec.kinds.get(node.out.id)
+            if node.op in REDUCE:
+                for c in chunks:
+                    em.ensure_inputs(node, c)
+                terms = [kw.reduce_term(node, c, axis=1) for c in chunks]
+                expr = terms[0]
+                for t in terms[1:]:
+                    expr = kw.combine(node.op, expr, t)
+                w.comment(f"{node.op.value} over the row: {len(chunks)} chunk(s)")
+                w.line(f"{node.out.name} = ({expr}).to({TL_DTYPE[node.out.dtype]})")
+                em.maybe_store(node, None)
+            elif kind in (Kind.FULL, Kind.COL):
+                for c in chunks:
+                    em.node(node, c)
+            else:
+                em.node(node, None)
+    return w.text()
+
+
+def inner_looped(kw: TritonKernelWriter) -> str:
+    spec, s, w = kw.spec, kw.s, kw.w
+    width = s.chunk * s.unroll
+    full_end = spec.cols // width * width
+    tail = spec.cols - full_end
+    tail_w = 1 << max(tail - 1, 0).bit_length() if tail else 0
+    body = Chunk(None, "off + ", width, False)
+    tail_chunk = Chunk(None, f"{full_end} + ", tail_w, True)
+    w.line("@triton.jit")
+    with w.block(kw.signature([])):
+        w.comment(
+            f"one row per program, walked {width} columns at a time "
+            f"({spec.rounds} reduction pass(es) + the output pass)"
+        )
+        kw.row_setup("tl.program_id(0)")
+        scalar_em = Emitter(kw)
+
+        def row_nodes(depth: int) -> None:
+            for n in spec.nodes:
+                k = spec.kinds.get(n.out.id)
+                if (
+                    n.op not in REDUCE
+                    and k in (Kind.ROW, Kind.SCALAR)
+                    and spec.depth[n.out.id] == depth
+                ):
+                    scalar_em.node(n, None)
+
+        row_nodes(0)
+        for rnd in range(1, spec.rounds + 1):
+            reds = [n for n in spec.reductions if spec.depth[n.out.id] == rnd]
+            cone = _cone(spec, [n.inputs[0] for n in reds], {Kind.FULL, Kind.COL}, rnd)
+            w.comment(f"pass {rnd}: " + ", ".join(f"{n.op.value} -> {n.out.name}" for n in reds))
+            for n in reds:
+                w.line(
+                    f"acc_{n.out.name} = tl.full(({s.rows_per_block}, {width}), "
+                    f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
+                )
+            if full_end:
+                with w.block(f"for off in range(0, {full_end}, {width}):"):
+                    kw.col_setup(body)
+                    em = Emitter(kw)
+                    em.done |= {k for k in scalar_em.done}
+                    for n in cone:
+                        em.node(n, body)
+                    for n in reds:
+                        em.ensure_inputs(n, body)
+                        x = (
+                            f"tl.broadcast_to({kw.name(n.inputs[0], body)}.to("
+                            f"{_acc_dtype(n.inputs[0].dtype)}), ({s.rows_per_block}, {width}))"
+                        )
+                        w.line(f"acc_{n.out.name} = {kw.combine(n.op, f'acc_{n.out.name}', x)}")
+            for n in reds:
+                fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[n.op.value]
+                w.line(f"{n.out.name} = {fn}(acc_{n.out.name}, axis=1, keep_dims=True)")
+            if tail:
+                kw.col_setup(tail_chunk)
+                em = Emitter(kw)
+                em.done |= {k for k in scalar_em.done}
+                for n in cone:
+                    em.node(n, tail_chunk)
+                for n in reds:
+                    em.ensure_inputs(n, tail_chunk)
+                    term = kw.reduce_term(n, tail_chunk, axis=1)
+                    w.line(f"{n.out.name} = {kw.combine(n.op, n.out.name, term)}")
+            for n in reds:
+                w.line(f"{n.out.name} = {n.out.name}.to({TL_DTYPE[n.out.dtype]})")
+                scalar_em.done.add((n.out.id, None))
+                scalar_em.maybe_store(n, None)
+            row_nodes(rnd)
+        full_outs = [a.value for a in spec.outputs if a.kind in (Kind.FULL, Kind.COL)]
+        if full_outs:
+            cone = _cone(spec, full_outs, {Kind.FULL, Kind.COL}, spec.rounds + 1)
+            w.comment("output pass")
+            for chunk, ctx in ((body, full_end), (tail_chunk, tail)):
+                if not ctx:
+                    continue
+                header = f"for off in range(0, {full_end}, {width}):" if chunk is body else None
+                with w.block(header) if header else _nullblock(w):
+                    kw.col_setup(chunk)
+                    em = Emitter(kw)
+                    em.done |= {k for k in scalar_em.done}
+                    for n in cone:
+                        em.node(n, chunk)
+    return w.text()
+
+
+class _nullblock:
+    def __init__(self, w):
+        self.w = w
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def pointwise(kw: TritonKernelWriter) -> str:
+    spec, s, w = kw.spec, kw.s, kw.w
+    chunk = Chunk(None, f"tl.program_id(1) * {s.chunk} + ", s.chunk, spec.cols % s.chunk != 0)
+    em = Emitter(kw)
+    w.line("@triton.jit")
+    with w.block(kw.signature([])):
+        w.comment(f"a {s.rows_per_block} x {s.chunk} tile per program")
+        kw.row_setup("tl.program_id(0)")
+        kw.col_setup(chunk)
+        for node in spec.nodes:
+            em.node(node, chunk)
+    return w.text()
+
+
+def workspaces(kw_spec, schedule) -> list[str]:
+    """Names of the fp32/int64 partial-sum buffers a split outer reduction needs."""
+    if schedule.kind != "outer_reduction" or schedule.split_rows == 1:
+        return []
+    return [f"ws_{n.out.name}" for n in kw_spec.reductions]
+
+
+def outer_reduction(kw: TritonKernelWriter) -> str:
+    spec, s, w = kw.spec, kw.s, kw.w
+    kw.row_mask = True
+    split = s.split_rows
+    ws = workspaces(spec, s)
+    extra = [f"{name}_ptr" for name in ws]
+    chunk = Chunk(None, f"tl.program_id(0) * {s.chunk} + ", s.chunk, spec.cols % s.chunk != 0)
+    em = Emitter(kw)
+    reds = list(spec.reductions)
+    w.line("@triton.jit")
+    with w.block(kw.signature(extra)):
+        w.comment(f"column tile {s.chunk}; rows {s.rows_per_block} at a time, split {split} ways")
+        kw.col_setup(chunk)
+        for n in spec.nodes:
+            if (
+                spec.kinds.get(n.out.id) == Kind.COL
+                and spec.depth[n.out.id] == 0
+                and n.op not in REDUCE
+            ):
+                em.node(n, chunk)
+        for n in reds:
+            w.line(
+                f"acc_{n.out.name} = tl.full(({s.rows_per_block}, {s.chunk}), "
+                f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
+            )
+        step = s.rows_per_block * split
+        with w.block(f"for r0 in range(tl.program_id(1) * {s.rows_per_block}, n_rows, {step}):"):
+            idx = f"tl.arange(0, {s.rows_per_block})[:, None]"
+            r0 = "r0.to(tl.int64)" if s.index_bits == 64 else "r0"
+            w.line(f"rows = {r0} + {idx}")
+            w.line("row_ok = rows < n_rows")
+            inner = Emitter(kw)
+            inner.done |= em.done
+            inner.loaded |= em.loaded
+            for n in spec.nodes:
+                if n.op in REDUCE:
+                    inner.ensure_inputs(n, chunk)
+                    term = kw.reduce_term(n, chunk, axis=0)
+                    # acc keeps the rows apart; fold them once after the loop
+                    x = term.replace(", axis=0, keep_dims=True)", "").split("(", 1)[1]
+                    x = x[: x.rfind(")")] if False else x
+                    w.line(
+                        f"acc_{n.out.name} = "
+                        f"{kw.combine(n.op, f'acc_{n.out.name}', _masked(kw, n, chunk))}"
+                    )
+                elif spec.kinds.get(n.out.id) in (Kind.FULL, Kind.ROW):
+                    inner.node(n, chunk)
+        for n in reds:
+            fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[n.op.value]
+            w.line(f"{n.out.name} = {fn}(acc_{n.out.name}, axis=0, keep_dims=True)")
+        if split > 1:
+            for n, name in zip(reds, ws):
+                m = ", mask=col_ok" if chunk.masked else ""
+                w.line(
+                    f"tl.store({name}_ptr + tl.program_id(1) * {spec.cols} + cols, {n.out.name}{m})"
+                )
+        else:
+            _epilogue(kw, em, reds, chunk)
+    if split > 1:
+        w.line()
+        w.line("@triton.jit")
+        with w.block(
+            kw.signature(extra).replace(f"def {spec.name}(", f"def {spec.name}_finalize(")
+        ):
+            w.comment(f"add the {split} partial sums of each column in a fixed order")
+            kw.col_setup(chunk)
+            p2 = 1 << max(split - 1, 0).bit_length()
+            w.line(f"parts = tl.arange(0, {p2})[:, None]")
+            fin = Emitter(kw)
+            for n, name in zip(reds, ws):
+                m = f"(parts < {split})" + (" & col_ok" if chunk.masked else "")
+                fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[n.op.value]
+                w.line(
+                    f"{n.out.name} = {fn}(tl.load({name}_ptr + parts * {spec.cols} + cols, "
+                    f"mask={m}, other={_identity(n.op, n.inputs[0].dtype)}), axis=0, "
+                    "keep_dims=True)"
+                )
+            _epilogue(kw, fin, reds, chunk)
+    return w.text()
+
+
+def _masked(kw: TritonKernelWriter, n: Node, chunk: Chunk) -> str:
+    x = n.inputs[0]
+    acc = _acc_dtype(x.dtype)
+    val = f"tl.broadcast_to({kw.name(x, chunk)}.to({acc}), ({kw.s.rows_per_block}, {kw.s.chunk}))"
+    m = kw.mask(Kind.FULL, chunk)
+    return f"tl.where({m}, {val}, {_identity(n.op, x.dtype)})" if m else val
+
+
+def _epilogue(kw: TritonKernelWriter, em: Emitter, reds: list[Node], chunk: Chunk) -> None:
+    spec = kw.spec
+    for n in reds:
+        kw.w.line(f"{n.out.name} = {n.out.name}.to({TL_DTYPE[n.out.dtype]})")
+        em.done.add(em.key(n.out.id, chunk))
+        em.maybe_store(n, chunk)
+    for n in spec.nodes:
+        if n.op not in REDUCE and spec.kinds.get(n.out.id) == Kind.COL:
+            em.node(n, chunk)
+
+
+RENDERERS = {
+    "pointwise": pointwise,
+    "inner_persistent": inner_persistent,
+    "inner_looped": inner_looped,
+    "outer_reduction": outer_reduction,
+}

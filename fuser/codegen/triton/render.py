@@ -1,0 +1,254 @@
+"""Render a KernelSpec + Schedule as Triton source.
+
+Every kernel is written for its exact input signature: sizes, strides and alignment are
+literals, so Triton sees the divisibility it needs to vectorize. FULL values of an inner
+persistent kernel are written chunk by chunk (`t7_0`, `t7_1`, ...): the persistent batch
+is unrolled in the source, and only the tail chunk carries a column mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fuser.codegen.header import header_lines
+from fuser.codegen.triton.templates import (
+    FLOAT_MATH,
+    HELPERS,
+    TL_DTYPE,
+    helper_names,
+    render_op,
+)
+from fuser.codegen.writer import Writer
+from fuser.errors import CompileError
+from fuser.ir.dtypes import DType
+from fuser.ir.graph import Node, Value
+from fuser.ir.ops import ELEMENTWISE, REDUCE, Op
+from fuser.schedulers.schedule import Schedule
+from fuser.schedulers.spec import Arg, KernelSpec
+from fuser.segmenter import Kind
+
+CONSTANTS = {"NEG_INF": 'float("-inf")', "POS_INF": 'float("inf")', "NAN": 'float("nan")'}
+
+
+def _literal(value: object, dtype: DType) -> str:
+    if dtype == DType.bool:
+        return "True" if value else "False"
+    if dtype.is_float:
+        v = float(value)
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return "POS_INF" if v > 0 else "NEG_INF"
+        return repr(v)
+    return str(int(value))
+
+
+def _identity(op: Op, dtype: DType) -> str:
+    if op == Op.SUM:
+        return "0"
+    if dtype.is_float:
+        return "NEG_INF" if op == Op.MAX else "POS_INF"
+    bound = 2**63 - 1 if dtype == DType.int64 else 2**31 - 1
+    return str(-bound - 1 if op == Op.MAX else bound)
+
+
+def _acc_dtype(dtype: DType) -> str:
+    if dtype.is_float:
+        return "tl.float64" if dtype == DType.float64 else "tl.float32"
+    return "tl.int64"
+
+
+class Chunk:
+    """One column tile of a row: its offset, width and whether it needs a mask."""
+
+    def __init__(self, index: int | None, offset: str, width: int, masked: bool):
+        self.index, self.offset, self.width, self.masked = index, offset, width, masked
+
+    def suffix(self) -> str:
+        return "" if self.index is None else f"_{self.index}"
+
+
+class TritonKernelWriter:
+    def __init__(self, spec: KernelSpec, schedule: Schedule):
+        self.spec, self.s = spec, schedule
+        self.w = Writer()
+        self.args = {a.value.id: a for a in spec.args}
+        self.out_ids = {a.value.id for a in spec.outputs}
+        self.consts = {n.out.id: n for n in spec.nodes if n.op == Op.CONST}
+        self.helpers: set[str] = set()
+        self.row_mask = not schedule.even_rows
+
+    # -- names ---------------------------------------------------------------------
+    def name(self, v: Value, chunk: Chunk | None) -> str:
+        if v.id in self.consts:
+            n = self.consts[v.id]
+            return _literal(n.attr("value"), n.attr("dtype"))
+        kind = self.spec.kind(v)
+        if kind in (Kind.FULL, Kind.COL) and chunk is not None:
+            return f"{v.name}{chunk.suffix()}"
+        return v.name
+
+    def mask(self, kind: Kind, chunk: Chunk | None) -> str | None:
+        parts = []
+        if kind in (Kind.FULL, Kind.ROW) and self.row_mask:
+            parts.append("row_ok")
+        if kind in (Kind.FULL, Kind.COL) and chunk is not None and chunk.masked:
+            parts.append(f"col_ok{chunk.suffix()}")
+        return " & ".join(parts) if parts else None
+
+    def offsets(self, a: Arg, chunk: Chunk | None) -> str:
+        cols = f"cols{chunk.suffix()}" if chunk else "cols"
+        terms = []
+        if a.kind in (Kind.FULL, Kind.ROW) and self.spec.rows > 1:
+            terms.append(f"rows * {a.row_stride}" if a.row_stride != 1 else "rows")
+        if a.kind in (Kind.FULL, Kind.COL):
+            terms.append(f"{cols} * {a.col_stride}" if a.col_stride != 1 else cols)
+        return " + ".join(terms) if terms else "0"
+
+    # -- emission ------------------------------------------------------------------
+    def load(self, a: Arg, chunk: Chunk | None) -> None:
+        m = self.mask(a.kind, chunk)
+        mask = f", mask={m}, other=0" if m else ""
+        self.w.line(
+            f"{self.name(a.value, chunk)} = tl.load({a.name}_ptr + {self.offsets(a, chunk)}{mask})"
+        )
+
+    def store(self, a: Arg, chunk: Chunk | None) -> None:
+        m = self.mask(a.kind, chunk)
+        mask = f", mask={m}" if m else ""
+        val = self.name(a.value, chunk)
+        self.w.line(
+            f"tl.store({a.name}_ptr + {self.offsets(a, chunk)}, "
+            f"{val}.to({TL_DTYPE[a.dtype]}){mask})"
+        )
+
+    def elementwise(self, node: Node, chunk: Chunk | None) -> None:
+        out = node.out
+        args = [self.name(v, chunk) for v in node.inputs]
+        if node.op == Op.CAST:
+            expr = f"{args[0]}.to({TL_DTYPE[out.dtype]})"
+            if node.inputs[0].id in self.consts:
+                expr = args[0] if out.dtype.is_float or out.dtype == DType.bool else args[0]
+        else:
+            half = out.dtype in (DType.float16, DType.bfloat16)
+            if half and node.op in FLOAT_MATH:
+                args = [
+                    f"{a}.to(tl.float32)" if v.id not in self.consts else a
+                    for a, v in zip(args, node.inputs)
+                ]
+            expr = render_op(node.op, args)
+            if half and node.op in FLOAT_MATH or node.op == Op.WHERE:
+                expr = f"({expr}).to({TL_DTYPE[out.dtype]})"
+        self.helpers.update(helper_names(expr))
+        self.w.line(f"{self.name(out, chunk)} = {expr}")
+
+    def broadcast(self, node: Node, chunk: Chunk | None) -> None:
+        # tiles broadcast by shape ([R,1] with [R,C]); only name the alias
+        src, out = node.inputs[0], node.out
+        self.w.line(f"{self.name(out, chunk)} = {self.name(src, chunk)}")
+
+    def iota(self, node: Node, chunk: Chunk | None) -> None:
+        cols = f"cols{chunk.suffix()}" if chunk else "cols"
+        self.w.line(f"{self.name(node.out, chunk)} = {cols}.to({TL_DTYPE[node.out.dtype]})")
+
+    def compute(self, node: Node, chunk: Chunk | None) -> None:
+        if node.op == Op.CONST:
+            return
+        if node.op == Op.BROADCAST_IN_DIM:
+            self.broadcast(node, chunk)
+        elif node.op == Op.IOTA:
+            self.iota(node, chunk)
+        elif node.op in ELEMENTWISE:
+            self.elementwise(node, chunk)
+        else:
+            raise CompileError(f"cannot render {node.op.value} for triton here")
+
+    def reduce_term(self, node: Node, chunk: Chunk | None, axis: int) -> str:
+        """The partial reduction of one chunk of the reduced value."""
+        x, op = node.inputs[0], node.op
+        val = self.name(x, chunk)
+        acc = _acc_dtype(x.dtype)
+        val = f"{val}.to({acc})"
+        shape = self.tile_shape(chunk)
+        val = f"tl.broadcast_to({val}, {shape})"
+        m = self.mask(Kind.FULL, chunk) if axis == 1 else self.mask(Kind.FULL, chunk)
+        if chunk is not None and chunk.masked and axis == 1:
+            val = f"tl.where(col_ok{chunk.suffix()}, {val}, {_identity(op, x.dtype)})"
+        elif axis == 0 and m:
+            val = f"tl.where({m}, {val}, {_identity(op, x.dtype)})"
+        fn = {Op.SUM: "tl.sum", Op.MAX: "tl.max", Op.MIN: "tl.min"}[op]
+        return f"{fn}({val}, axis={axis}, keep_dims=True)"
+
+    def tile_shape(self, chunk: Chunk | None) -> str:
+        width = chunk.width if chunk else self.s.chunk
+        return f"({self.s.rows_per_block}, {width})"
+
+    def combine(self, op: Op, a: str, b: str) -> str:
+        if op == Op.SUM:
+            return f"{a} + {b}"
+        fn = "tl.maximum" if op == Op.MAX else "tl.minimum"
+        return f"{fn}({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+    # -- shared kernel pieces ------------------------------------------------------
+    def signature(self, extra: list[str]) -> str:
+        ptrs = [f"{a.name}_ptr" for a in self.spec.args] + extra
+        return f"def {self.spec.name}({', '.join(ptrs + ['n_rows'])}):"
+
+    def row_setup(self, pid: str) -> None:
+        rpb = self.s.rows_per_block
+        idx = f"tl.arange(0, {rpb})[:, None]"
+        if self.s.index_bits == 64:
+            self.w.line(f"rows = {pid}.to(tl.int64) * {rpb} + {idx}")
+        else:
+            self.w.line(f"rows = {pid} * {rpb} + {idx}")
+        if self.row_mask:
+            self.w.line("row_ok = rows < n_rows")
+
+    def col_setup(self, chunk: Chunk) -> None:
+        sfx = chunk.suffix()
+        self.w.line(f"cols{sfx} = {chunk.offset}tl.arange(0, {chunk.width})[None, :]")
+        if chunk.masked:
+            self.w.line(f"col_ok{sfx} = cols{sfx} < {self.spec.cols}")
+
+    def kind(self, v: Value) -> Kind:
+        return self.spec.kind(v)
+
+
+def _cone(spec: KernelSpec, targets: list[Value], kinds: set[Kind], stop_depth: int) -> list[Node]:
+    """Nodes (in order) needed to compute `targets`, restricted to values of `kinds`
+    with depth below `stop_depth` (deeper ROW values are already computed)."""
+    producer = {v.id: n for n in spec.nodes for v in n.outputs}
+    need: set[int] = set()
+    stack = [v.id for v in targets]
+    while stack:
+        vid = stack.pop()
+        n = producer.get(vid)
+        if n is None or id(n) in need:
+            continue
+        if spec.kinds[vid] not in kinds or n.op in REDUCE:
+            continue
+        need.add(id(n))
+        stack += [v.id for v in n.inputs]
+    return [n for n in spec.nodes if id(n) in need]
+
+
+def render_triton(spec: KernelSpec, schedule: Schedule) -> str:
+    """Triton source for one kernel (plus its finalize kernel for split reductions)."""
+    from fuser.codegen.triton.kernels import RENDERERS
+
+    if schedule.kind not in RENDERERS:
+        raise CompileError(f"cannot render a {schedule.kind} schedule for triton")
+    kw = TritonKernelWriter(spec, schedule)
+    body = RENDERERS[schedule.kind](kw)
+    top = Writer()
+    top.comment("\n".join(header_lines(spec, schedule, "triton")))
+    top.line("import triton")
+    top.line("import triton.language as tl")
+    top.line()
+    for name, value in CONSTANTS.items():
+        top.line(f"{name} = tl.constexpr({value})")
+    top.line()
+    for h in sorted(kw.helpers):
+        top.lines += HELPERS[h].splitlines()
+        top.line()
+    return top.text() + "\n" + body

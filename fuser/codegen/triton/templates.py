@@ -1,0 +1,102 @@
+"""The op -> Triton expression table: the one place Triton spells each op."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fuser.errors import CompileError
+from fuser.ir.dtypes import DType
+from fuser.ir.ops import Op
+
+TL_DTYPE = {
+    DType.float32: "tl.float32",
+    DType.float16: "tl.float16",
+    DType.bfloat16: "tl.bfloat16",
+    DType.float64: "tl.float64",
+    DType.int32: "tl.int32",
+    DType.int64: "tl.int64",
+    DType.bool: "tl.int1",
+}
+
+E = Callable[..., str]
+UNARY: dict[Op, E] = {
+    Op.NEG: lambda x: f"-{x}",
+    Op.ABS: lambda x: f"tl.abs({x})",
+    Op.EXP: lambda x: f"tl.exp({x})",
+    Op.EXP2: lambda x: f"tl.exp2({x})",
+    Op.LOG: lambda x: f"tl.log({x})",
+    Op.LOG2: lambda x: f"tl.log2({x})",
+    Op.LOG1P: lambda x: f"log1p({x})",
+    Op.SQRT: lambda x: f"tl.sqrt_rn({x})",
+    Op.RSQRT: lambda x: f"tl.rsqrt({x})",
+    Op.RECIPROCAL: lambda x: f"(1.0 / {x})",
+    Op.TANH: lambda x: f"tanh({x})",
+    Op.ERF: lambda x: f"tl.erf({x})",
+    Op.SIGMOID: lambda x: f"tl.sigmoid({x})",
+    Op.RELU: lambda x: f"tl.where({x} > 0, {x}, 0)",
+    Op.SIN: lambda x: f"tl.sin({x})",
+    Op.COS: lambda x: f"tl.cos({x})",
+    Op.FLOOR: lambda x: f"tl.floor({x})",
+    Op.CEIL: lambda x: f"tl.ceil({x})",
+    Op.LOGICAL_NOT: lambda x: f"({x} == 0)",
+    Op.ISNAN: lambda x: f"({x} != {x})",
+}
+BINARY: dict[Op, E] = {
+    Op.ADD: lambda a, b: f"({a} + {b})",
+    Op.SUB: lambda a, b: f"({a} - {b})",
+    Op.MUL: lambda a, b: f"({a} * {b})",
+    Op.DIV: lambda a, b: f"tl.div_rn({a}, {b})",
+    Op.POW: lambda a, b: f"pow_({a}, {b})",
+    Op.MAXIMUM: lambda a, b: f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+    Op.MINIMUM: lambda a, b: f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+    Op.EQ: lambda a, b: f"({a} == {b})",
+    Op.NE: lambda a, b: f"({a} != {b})",
+    Op.LT: lambda a, b: f"({a} < {b})",
+    Op.LE: lambda a, b: f"({a} <= {b})",
+    Op.GT: lambda a, b: f"({a} > {b})",
+    Op.GE: lambda a, b: f"({a} >= {b})",
+    Op.LOGICAL_AND: lambda a, b: f"({a} & {b})",
+    Op.LOGICAL_OR: lambda a, b: f"({a} | {b})",
+}
+# ops that compute in float32 when their dtype is half or bfloat16
+FLOAT_MATH = set(UNARY) | {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW}
+
+# Helpers written in tl.* only, so they run in the interpreter and compile alike.
+HELPERS = {
+    "tanh": """@triton.jit
+def tanh(x):
+    # tanh(x) = sign(x) * (1 - e) / (1 + e), e = exp(-2|x|): no overflow for large |x|
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+""",
+    "log1p": """@triton.jit
+def log1p(x):
+    # log(1 + x) loses x's low bits for tiny x; the series is exact to fp32 there
+    return tl.where(tl.abs(x) < 1e-4, x * (1.0 - 0.5 * x), tl.log(1.0 + x))
+""",
+    "pow_": """@triton.jit
+def pow_(a, b):
+    # a**b = exp2(b * log2|a|), with the sign of a for integral b, and a**0 = 1
+    mag = tl.exp2(b * tl.log2(tl.abs(a)))
+    integral = tl.floor(b) == b
+    odd = integral & (tl.floor(b * 0.5) * 2.0 != b)
+    signed = tl.where((a < 0) & odd, -mag, mag)
+    r = tl.where((a < 0) & (integral == 0), NAN, signed)
+    return tl.where(b == 0, 1.0, r)
+""",
+}
+
+
+def helper_names(expr: str) -> list[str]:
+    return [name for name in HELPERS if f"{name}(" in expr]
+
+
+def render_op(op: Op, args: list[str]) -> str:
+    if op in UNARY:
+        return UNARY[op](*args)
+    if op in BINARY:
+        return BINARY[op](*args)
+    if op == Op.WHERE:
+        return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+    raise CompileError(f"cannot render {op.value} for triton")

@@ -1,0 +1,33 @@
+"""Errors raised by fuser. Every message names the op, the operand and what was expected."""
+
+
+class FuserError(Exception):
+    """Base class of every error fuser raises on bad input."""
+
+
+class ShapeError(FuserError):
+    """Operand shapes do not fit the op."""
+
+
+class DTypeError(FuserError):
+    """Operand dtypes do not fit the op."""
+
+
+class DefinitionError(FuserError):
+    """The fusion definition itself is malformed (undefined value, missing output, ...)."""
+
+
+class InputError(FuserError):
+    """Tensors passed to execute() do not match the definition."""
+
+
+class VerificationError(FuserError):
+    """A graph failed verification after a pass."""
+
+
+class ScheduleError(FuserError):
+    """A schedule is illegal (for example a vector width that does not divide the row)."""
+
+
+class CompileError(FuserError):
+    """Generated source failed to compile; the message carries the source and the log."""

@@ -1,0 +1,45 @@
+"""Graph -> graph passes. `run_pipeline` keeps every intermediate graph for printing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fuser.ir.graph import Graph
+from fuser.passes.decompose import decompose
+from fuser.passes.simplify import concretize, cse, dce, eliminate_casts, fold_constants
+
+__all__ = [
+    "Pipeline",
+    "concretize",
+    "cse",
+    "dce",
+    "decompose",
+    "eliminate_casts",
+    "fold_constants",
+    "run_pipeline",
+]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Every graph the pipeline produced, first to last."""
+
+    stages: tuple[Graph, ...]
+
+    @property
+    def final(self) -> Graph:
+        return self.stages[-1]
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(g) for g in self.stages)
+
+
+def run_pipeline(graph: Graph, relaxed_precision: bool = False) -> Pipeline:
+    """decompose -> fold constants -> eliminate casts -> CSE -> DCE."""
+    stages = [graph]
+    stages.append(decompose(stages[-1]))
+    stages.append(fold_constants(stages[-1]))
+    stages.append(eliminate_casts(stages[-1], relaxed_precision))
+    stages.append(cse(stages[-1]))
+    stages.append(dce(stages[-1]))
+    return Pipeline(tuple(stages))

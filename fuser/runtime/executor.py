@@ -1,0 +1,282 @@
+"""From a FusionDefinition and its inputs to launched kernels, cached per input signature."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fuser.config import config, debug_print
+from fuser.errors import FuserError
+from fuser.ir.evaluate import eval_node, evaluate
+from fuser.ir.graph import Graph, Value
+from fuser.passes import Pipeline, run_pipeline
+from fuser.runtime.kernel import Kernel
+from fuser.schedulers.device import Device, get_device
+from fuser.schedulers.heuristics import choose_schedule
+from fuser.schedulers.spec import Arg, KernelSpec
+from fuser.segmenter import Kind, Segment, segment
+
+BACKENDS = ("triton", "cuda")
+
+
+def _align(ptr: int) -> int:
+    a = 16
+    while a > 1 and ptr % a:
+        a //= 2
+    return a
+
+
+def view_2d(t: Any, kind: Kind, rows: int) -> tuple[int, int] | None:
+    """(row_stride, col_stride) of `t` seen as [rows, cols], or None if it is not a view."""
+    shape, stride = list(t.shape), list(t.stride())
+    if kind == Kind.SCALAR:
+        return (0, 0)
+    if kind == Kind.COL:
+        return (0, stride[-1] if shape and shape[-1] != 1 else 1)
+    if kind == Kind.FULL and shape:
+        col = stride[-1] if shape[-1] != 1 else 1
+        lead = [(n, st) for n, st in zip(shape[:-1], stride[:-1]) if n != 1]
+    else:
+        col = 0
+        lead = [(n, st) for n, st in zip(shape, stride) if n != 1]
+    # the row dims collapse into one only if each steps over the next one exactly
+    for (_, outer), (n, inner) in zip(lead, lead[1:]):
+        if outer != inner * n:
+            return None
+    return (lead[-1][1] if lead else 0, col)
+
+
+@dataclass
+class CompiledFusion:
+    """The plan for one input signature: passes, segments, kernels (or ATen fallbacks)."""
+
+    pipeline: Pipeline
+    segments: list[Segment]
+    kernels: dict[int, Kernel]
+    device: Device
+    backend: str
+    notes: list[str] = field(default_factory=list)
+    compile_seconds: float = 0.0
+
+    @property
+    def graph(self) -> Graph:
+        return self.pipeline.final
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        env: dict[int, torch.Tensor] = {v.id: t for v, t in zip(self.graph.inputs, inputs)}
+        dev = inputs[0].device if inputs else torch.device("cpu")
+        for seg in self.segments:
+            kernel = self.kernels.get(seg.index)
+            if kernel is None:
+                for n in seg.nodes:
+                    outs = eval_node(n, [env[v.id] for v in n.inputs], dev)
+                    for v, t in zip(n.outputs, outs):
+                        env[v.id] = t
+                continue
+            args = []
+            for a in kernel.spec.args:
+                if a.is_output:
+                    t = torch.empty(_shape(a.value), dtype=a.dtype.torch, device=dev)
+                    env[a.value.id] = t
+                else:
+                    t = env[a.value.id]
+                    if view_2d(t, a.kind, kernel.spec.rows) != (a.row_stride, a.col_stride):
+                        t = t.contiguous()
+                args.append(t)
+            kernel.launch(args)
+        return [env[v.id] for v in self.graph.outputs]
+
+    def explain(self) -> str:
+        lines = [
+            f"fusion: {len(self.segments)} segment(s) on {self.device.name} "
+            f"[{self.backend}], planned in {self.compile_seconds * 1e3:.0f} ms"
+        ]
+        lines += [f"note: {n}" for n in self.notes]
+        for seg in self.segments:
+            k = self.kernels.get(seg.index)
+            if k is not None:
+                lines.append(k.explain())
+            else:
+                lines.append(
+                    f"ATen fallback (segment {seg.index}): {seg.ops_summary()}\n"
+                    f"  why: {seg.reason or 'not fused'}"
+                )
+        return "\n".join(lines)
+
+
+def _shape(v: Value) -> list[int]:
+    return [int(s) for s in v.shape]
+
+
+def _contig_strides(shape: list[int]) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return list(reversed(out))
+
+
+class _Meta:
+    """Shape/stride/pointer facts of a tensor that does not exist yet (an output)."""
+
+    def __init__(self, shape: list[int], ptr: int = 0):
+        self.shape, self._stride, self._ptr = shape, _contig_strides(shape), ptr
+
+    def stride(self) -> list[int]:
+        return self._stride
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
+def build_specs(
+    graph: Graph, segments: list[Segment], inputs: list[Any], name: str
+) -> dict[int, KernelSpec]:
+    facts: dict[int, tuple[Any, int]] = {}
+    for v, t in zip(graph.inputs, inputs):
+        ptr = t.data_ptr() if t.device.type != "meta" else 0
+        facts[v.id] = (t, _align(ptr) if ptr else 16)
+    specs = {}
+    for seg in segments:
+        for v in (x for n in seg.nodes for x in n.outputs):
+            facts.setdefault(v.id, (_Meta(_shape(v)), 16))
+        if not seg.fused:
+            continue
+        layout = seg.layout
+        args = []
+        for is_out, values in ((False, seg.inputs), (True, seg.outputs)):
+            for v in values:
+                kind = layout.kind(v)
+                if any(n.op.value == "const" and n.out.id == v.id for n in seg.nodes):
+                    continue
+                t, align = facts[v.id]
+                st = (
+                    view_2d(t, kind, layout.rows)
+                    if not is_out
+                    else view_2d(_Meta(_shape(v)), kind, layout.rows)
+                )
+                if st is None:  # not a 2D view: the runtime passes a contiguous copy
+                    st = view_2d(_Meta(_shape(v)), kind, layout.rows)
+                    align = 16
+                args.append(Arg(v, kind, is_out, st[0], st[1], align))
+        specs[seg.index] = KernelSpec(f"{name}_k{seg.index}", seg, tuple(args))
+    return specs
+
+
+def plan(
+    graph: Graph, inputs: list[Any], name: str, backend: str, device: Device, relaxed: bool = False
+) -> CompiledFusion:
+    t0 = time.perf_counter()
+    pipeline = run_pipeline(graph, relaxed)
+    final = pipeline.final
+    notes = []
+    if any(math.prod(_shape(v)) == 0 for v in final.values()):
+        seg = Segment(
+            0, final.nodes, final.inputs, final.outputs, None, "empty tensors: evaluated with ATen"
+        )
+        return CompiledFusion(pipeline, [seg], {}, device, backend, ["empty tensors"])
+    segments = segment(final)
+    specs = build_specs(final, segments, inputs, name)
+    kernels = {}
+    for idx, spec in specs.items():
+        schedule = choose_schedule(spec, device)
+        kernels[idx] = render_kernel(spec, schedule, backend)
+    cf = CompiledFusion(pipeline, segments, kernels, device, backend, notes)
+    cf.compile_seconds = time.perf_counter() - t0
+    return cf
+
+
+def render_kernel(spec: KernelSpec, schedule: Any, backend: str) -> Kernel:
+    if backend == "triton":
+        from fuser.codegen.triton.render import render_triton
+
+        return Kernel(spec, schedule, render_triton(spec, schedule), "triton")
+    if backend == "cuda":
+        from fuser.codegen.cuda.render import render_cuda
+
+        return Kernel(spec, schedule, render_cuda(spec, schedule), "cuda")
+    raise FuserError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+
+
+def signature(inputs: list[torch.Tensor]) -> tuple:
+    return tuple(
+        (tuple(t.shape), tuple(t.stride()), t.dtype, t.device.type, _align(t.data_ptr()))
+        for t in inputs
+    )
+
+
+class FusionExecutor:
+    """Per-FusionDefinition cache of plans, keyed by input signature and backend."""
+
+    def __init__(self, fd: Any):
+        self.fd = fd
+        self.cache: dict[tuple, CompiledFusion] = {}
+        self.last: CompiledFusion | None = None
+        self._lock = threading.Lock()
+
+    def _get(self, inputs: list[Any], backend: str | None, device: Device | None) -> CompiledFusion:
+        backend = backend or config.backend
+        if backend not in BACKENDS:
+            raise FuserError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+        key = (signature(inputs), backend, device.name if device else None)
+        cf = self.cache.get(key)
+        if cf is None:
+            with self._lock:
+                cf = self.cache.get(key)
+                if cf is None:
+                    graph = self.fd.bind(inputs)
+                    cf = plan(
+                        graph,
+                        inputs,
+                        self.fd.name,
+                        backend,
+                        device or get_device(None),
+                        self.fd.relaxed_precision,
+                    )
+                    self.cache[key] = cf
+                    _debug(cf, self.fd.name)
+        self.last = cf
+        return cf
+
+    def execute(self, inputs: list[torch.Tensor], backend: str | None) -> list[torch.Tensor]:
+        cf = self._get(inputs, backend, None)
+        return cf.run(inputs)
+
+    def compile(self, inputs: list[Any], backend: str | None, device: str | None) -> Any:
+        dev = get_device(device)
+        cf = self._get(inputs, backend, dev)
+
+        class Compiled:
+            kernels = list(cf.kernels.values())
+            plan = cf
+
+        return Compiled
+
+    def last_kernels(self) -> list[Kernel]:
+        return list(self.last.kernels.values()) if self.last else []
+
+    def explain(self) -> str:
+        if self.last is None:
+            return "nothing compiled yet: call fd.execute(inputs) or fd.compile(inputs)"
+        return self.last.explain()
+
+
+def _debug(cf: CompiledFusion, name: str) -> None:
+    debug_print(
+        1,
+        f"[fuser] {name}: {len(cf.kernels)} kernel(s), "
+        f"{sum(1 for s in cf.segments if not s.fused)} ATen segment(s)",
+    )
+    debug_print(3, str(cf.pipeline))
+    debug_print(2, cf.explain())
+    if config.debug >= 4:
+        for k in cf.kernels.values():
+            print(k.source)
+
+
+__all__ = ["FusionExecutor", "evaluate"]

@@ -1,0 +1,44 @@
+"""Load generated Triton source as a module and launch its kernels.
+
+The source is written to the cache folder (Triton's JIT needs a real file to read the
+function from) under a name that hashes the source, then imported. On CPU tensors the
+module is imported with TRITON_INTERPRET=1, so the same kernels run in Triton's
+interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from fuser.config import use_interpreter
+from fuser.errors import FuserError
+from fuser.runtime.cache import atomic_write, cache_root, digest
+
+_lock = threading.Lock()
+_modules: dict[tuple[str, bool], ModuleType] = {}
+
+
+def load_module(source: str, interpret: bool) -> ModuleType:
+    key = (digest(source), interpret)
+    with _lock:
+        if key in _modules:
+            return _modules[key]
+        path = Path(cache_root()) / "triton" / f"k_{key[0]}.py"
+        if not path.exists() or path.read_text() != source:
+            atomic_write(path, source.encode())
+        name = f"fuser_generated_{key[0]}_{'interp' if interpret else 'jit'}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        if interpret != use_interpreter():
+            raise FuserError(
+                "CPU tensors run through Triton's interpreter, which is chosen when Triton is "
+                "first imported (TRITON_INTERPRET=1); this process runs Triton on the GPU. "
+                "Move the inputs to the GPU, or start the process with TRITON_INTERPRET=1."
+            )
+        spec.loader.exec_module(module)
+        _modules[key] = module
+        return module

@@ -1,0 +1,288 @@
+"""Heuristics: choose a Schedule for a KernelSpec, with the reason for every choice."""
+
+from __future__ import annotations
+
+import math
+
+from fuser.schedulers.device import Device
+from fuser.schedulers.registers import estimate_registers
+from fuser.schedulers.schedule import Estimate, Schedule
+from fuser.schedulers.spec import KernelSpec
+from fuser.segmenter import Kind
+
+# A persistent row keeps at most this many buffer registers per thread; beyond it the
+# row is looped instead (nvFuser budgets about half of the 255 for buffers).
+MAX_BUFFER_REGISTERS = 128
+# Bytes each SM should have in flight to cover DRAM latency on Hopper
+# (3.35 TB/s * ~1.2 us / 132 SMs ~= 30 KB; rounded up).
+BYTES_IN_FLIGHT_PER_SM = 32 * 1024
+# nvFuser's persistent batch cap
+MAX_BATCH = 10
+
+
+def pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def pow2_ceil(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def vector_width(spec: KernelSpec, reasons: list[str]) -> int:
+    """Elements per access: 16 bytes where every FULL tensor's rows allow it."""
+    fulls = spec.full_args()
+    widest = max((a.dtype.itemsize for a in fulls), default=4)
+    v = max(16 // widest, 1)
+    limits = []
+    for a in fulls:
+        while v > 1 and (
+            a.col_stride != 1
+            or (spec.rows > 1 and a.row_stride % v)
+            or a.align % min(v * a.dtype.itemsize, 16)
+        ):
+            v //= 2
+            limits.append(a.name)
+    while v > 1 and spec.cols % v:
+        v //= 2
+    why = f"vector {v}: {v * widest} bytes per access of the widest tensor ({widest} B elements)"
+    if limits:
+        why += f"; narrowed by stride/alignment of {', '.join(sorted(set(limits)))}"
+    if spec.cols % (16 // widest):
+        why += f"; {spec.cols} columns allow no wider vector"
+    reasons.append(why)
+    return v
+
+
+def _estimate(
+    spec: KernelSpec, dev: Device, s: Schedule, regs: int, buf: int, covered: int
+) -> Estimate:
+    blocks = math.prod(s.grid)
+    bps = max(dev.blocks_per_sm(s.threads, regs), 1)
+    return Estimate(
+        registers=regs,
+        buffer_registers=buf,
+        blocks_per_sm=bps,
+        warps_per_sm=bps * s.num_warps,
+        waves=blocks / (dev.sms * bps),
+        bytes_moved=spec.bytes_moved(),
+        lane_efficiency=spec.cols / covered if covered else 1.0,
+    )
+
+
+def index_bits(spec: KernelSpec) -> int:
+    span = max((a.row_stride * spec.rows + a.col_stride * spec.cols for a in spec.args), default=0)
+    return 64 if span >= 2**31 - 1 else 32
+
+
+# -- pointwise ---------------------------------------------------------------------
+def schedule_pointwise(spec: KernelSpec, dev: Device) -> Schedule:
+    reasons: list[str] = []
+    v = vector_width(spec, reasons)
+    # ~16 elements per thread of 256 threads per block: two 16-byte accesses of fp16
+    # in flight per thread, enough blocks for every SM on 8192x768 and up
+    per_block = 4096 if spec.cols * spec.rows >= 4096 else pow2_ceil(spec.cols * spec.rows)
+    chunk = min(pow2_ceil(spec.cols), per_block, 1024 * v)
+    tpr = max(chunk // v, 1)
+    rpb = max(min(per_block // chunk, pow2_ceil(spec.rows)), 1)
+    warps = max(1, min(8, tpr * rpb // (32 * 2)))
+    warps = pow2_floor(warps)
+    s = Schedule(
+        "pointwise",
+        spec.rows,
+        spec.cols,
+        v,
+        tpr,
+        rpb,
+        num_warps=warps,
+        unswitch=spec.cols % chunk == 0 and spec.rows % rpb == 0,
+        index_bits=index_bits(spec),
+    )
+    reasons.append(
+        f"tile {rpb} rows x {chunk} cols = {rpb * chunk} elements per block, "
+        f"{warps} warps: ~{rpb * chunk // (warps * 32)} elements per thread"
+    )
+    if s.unswitch:
+        reasons.append("unswitch: the tile divides the domain, no masks")
+    regs, _ = estimate_registers(spec, rpb * chunk // (warps * 32), persistent=False)
+    covered = -(-spec.cols // chunk) * chunk
+    est = _estimate(spec, dev, s, regs, 0, covered)
+    return _with(s, est, reasons)
+
+
+def _with(s: Schedule, est: Estimate, reasons: list[str]) -> Schedule:
+    from dataclasses import replace
+
+    return replace(s, estimate=est, reasons=tuple(reasons)).validate()
+
+
+# -- inner (row) reductions and persistent normalization ----------------------------
+def _persistent_candidates(spec: KernelSpec, dev: Device, v: int) -> list[tuple]:
+    cols, rows = spec.cols, spec.rows
+    out = []
+    tpr = 1
+    while tpr <= 1024:
+        chunk = tpr * v
+        if chunk > pow2_ceil(cols) or chunk > cols * 2:
+            break
+        batch, rem = divmod(cols, chunk)
+        tail = pow2_ceil(rem) if rem else 0
+        if batch == 0:
+            batch, tail = 1, 0
+        covered = batch * chunk + tail
+        per_thread = batch * v + max(tail // tpr, 1 if tail else 0)
+        rpb = 1
+        while tpr * rpb <= 1024:
+            threads = tpr * rpb
+            if threads >= 32 and rpb <= pow2_ceil(rows) and batch <= MAX_BATCH * 2:
+                regs, buf = estimate_registers(spec, per_thread, persistent=True)
+                out.append((tpr, rpb, batch, tail, covered, per_thread, regs, buf))
+            rpb *= 2
+        tpr *= 2
+    return out
+
+
+def _score(spec: KernelSpec, dev: Device, c: tuple, itemsize: int) -> tuple[float, list[str]]:
+    """Estimated relative throughput of one persistent candidate (higher is better)."""
+    tpr, rpb, batch, tail, covered, per_thread, regs, buf = c
+    threads = tpr * rpb
+    bps = dev.blocks_per_sm(threads, regs)
+    if bps == 0:
+        return 0.0, []
+    lanes = spec.cols / covered
+    inflight = bps * threads * per_thread * itemsize
+    latency = min(1.0, inflight / BYTES_IN_FLIGHT_PER_SM)
+    blocks = -(-spec.rows // rpb)
+    waves = blocks / (dev.sms * bps)
+    wave_eff = waves / math.ceil(waves) if waves < 4 else 1.0
+    # a row spread over many warps pays a shared-memory round trip per reduction
+    sync = 1.0 - 0.03 * max(0, math.log2(tpr / 32)) * max(spec.rounds, 1)
+    # several independent chunks per thread keep loads in flight; one is thin
+    ilp = 1.0 if batch >= 2 else 0.93
+    small_block = 0.97 if threads < 128 else 1.0
+    score = lanes * latency * wave_eff * sync * ilp * small_block
+    why = [
+        f"lanes {lanes:.0%} useful",
+        f"{inflight // 1024} KB in flight/SM",
+        f"wave efficiency {wave_eff:.0%}",
+        f"{bps} blocks/SM",
+    ]
+    return score, why
+
+
+def schedule_inner(spec: KernelSpec, dev: Device) -> Schedule:
+    reasons: list[str] = []
+    v = vector_width(spec, reasons)
+    itemsize = max(a.dtype.itemsize for a in spec.full_args() if not a.is_output)
+    cands = [
+        c
+        for c in _persistent_candidates(spec, dev, v)
+        if c[7] <= MAX_BUFFER_REGISTERS and c[6] < 255
+    ]
+    if not cands:
+        return schedule_looped(spec, dev, v, reasons)
+    scored = [(_score(spec, dev, c, itemsize), c) for c in cands]
+    (best_score, why), best = max(scored, key=lambda x: (x[0][0], -x[1][2], x[1][0]))
+    tpr, rpb, batch, tail, covered, per_thread, regs, buf = best
+    threads = tpr * rpb
+    warps = max(threads // 32, 1)
+    exact = tail == 0 and spec.cols % (tpr * v) == 0
+    reasons.append(
+        f"persistent: the row stays in registers, {per_thread} elements/thread "
+        f"({spec.crossing_words():.1f} words each cross the reductions), "
+        f"{len(cands)} candidates scored"
+    )
+    reasons.append(
+        f"threads_per_row {tpr} x rows_per_block {rpb} = {threads} threads; "
+        f"chosen for: {', '.join(why)}"
+    )
+    reasons.append(
+        f"persistent_batch {batch} chunks of {tpr * v}"
+        + (f" + a tail chunk of {tail} (the only masked one)" if tail else ", exact split")
+    )
+    if exact and spec.rows % rpb == 0:
+        reasons.append("unswitch: every chunk and row block is full, no masks")
+    s = Schedule(
+        "inner_persistent",
+        spec.rows,
+        spec.cols,
+        v,
+        tpr,
+        rpb,
+        batch,
+        tail,
+        num_warps=warps,
+        unswitch=exact and spec.rows % rpb == 0,
+        index_bits=index_bits(spec),
+    )
+    return _with(s, _estimate(spec, dev, s, regs, buf, covered), reasons)
+
+
+def schedule_looped(spec: KernelSpec, dev: Device, v: int, reasons: list[str]) -> Schedule:
+    # 256 threads per row, 2 chunks per iteration: 4096 fp16 elements in flight per block
+    warps = 8 if spec.cols >= 8 * 32 * v else max(1, pow2_floor(spec.cols // (32 * v)))
+    tpr = warps * 32
+    unroll = 2 if spec.cols >= 2 * tpr * v else 1
+    reasons.append(
+        f"looped: {spec.cols} columns do not fit in registers at {spec.crossing_words():.1f} "
+        f"words/element; {spec.rounds} pass(es) over the row, {tpr * v * unroll} elements "
+        "per iteration"
+    )
+    s = Schedule(
+        "inner_looped",
+        spec.rows,
+        spec.cols,
+        v,
+        tpr,
+        1,
+        unroll=unroll,
+        num_warps=warps,
+        index_bits=index_bits(spec),
+    )
+    regs, _ = estimate_registers(spec, v * unroll * 2, persistent=False)
+    return _with(s, _estimate(spec, dev, s, regs, 0, spec.cols), reasons)
+
+
+# -- outer (column) reductions ---------------------------------------------------------
+def schedule_outer(spec: KernelSpec, dev: Device) -> Schedule:
+    reasons: list[str] = []
+    v = vector_width(spec, reasons)
+    chunk = min(pow2_ceil(spec.cols), 32 * v * 2)
+    tpr = max(chunk // v, 1)
+    warps = 8
+    rpb = max(1, min(32, (warps * 32 * 16) // chunk, pow2_ceil(spec.rows)))
+    col_blocks = -(-spec.cols // chunk)
+    # enough (column tile, row split) blocks to give every SM ~4 of them
+    split = max(1, min(-(-dev.sms * 4 // col_blocks), -(-spec.rows // (rpb * 4))))
+    reasons.append(
+        f"column tile {chunk} x {rpb} rows per iteration; {col_blocks} column tiles x "
+        f"{split} row splits = {col_blocks * split} blocks for {dev.sms} SMs"
+    )
+    if split > 1:
+        reasons.append(
+            f"deterministic: {split} per-block partial sums, then a second pass "
+            "adds them in a fixed order (no float atomics)"
+        )
+    s = Schedule(
+        "outer_reduction",
+        spec.rows,
+        spec.cols,
+        v,
+        tpr,
+        rpb,
+        num_warps=warps,
+        split_rows=split,
+        index_bits=index_bits(spec),
+    )
+    regs, _ = estimate_registers(spec, chunk * rpb // (warps * 32), persistent=False)
+    return _with(s, _estimate(spec, dev, s, regs, 0, col_blocks * chunk), reasons)
+
+
+def choose_schedule(spec: KernelSpec, dev: Device) -> Schedule:
+    if spec.layout.outer:
+        return schedule_outer(spec, dev)
+    if spec.layout.inner:
+        return schedule_inner(spec, dev)
+    return schedule_pointwise(spec, dev)
+
+
+__all__ = ["Kind", "choose_schedule"]

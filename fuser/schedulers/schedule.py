@@ -1,0 +1,123 @@
+"""The backend-neutral Schedule: one frozen dataclass per kernel, with its reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fuser.errors import ScheduleError
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the scheduler expects the kernel to cost."""
+
+    registers: int  # per thread, including overhead
+    buffer_registers: int  # of which persistent buffers
+    blocks_per_sm: int
+    warps_per_sm: int
+    waves: float
+    bytes_moved: int
+    lane_efficiency: float  # useful elements / elements the tiles cover
+
+    def line(self) -> str:
+        return (
+            f"~{self.registers} regs/thread ({self.buffer_registers} in buffers), "
+            f"{self.blocks_per_sm} blocks = {self.warps_per_sm} warps/SM, {self.waves:.2f} waves, "
+            f"{self.bytes_moved / 1e6:.2f} MB moved, lanes {self.lane_efficiency:.0%} useful"
+        )
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one kernel covers its [rows, cols] domain.
+
+    Tile = rows_per_block x chunk, chunk = threads_per_row * vector. An inner persistent
+    kernel keeps `persistent_batch` chunks (plus a `tail` chunk) of each row in registers;
+    a looped kernel walks the row `unroll` chunks at a time; an outer reduction splits the
+    rows over `split_rows` blocks per column tile and sums their partials in a second pass.
+    """
+
+    kind: str  # pointwise | inner_persistent | inner_looped | outer_reduction
+    rows: int
+    cols: int
+    vector: int
+    threads_per_row: int
+    rows_per_block: int
+    persistent_batch: int = 1
+    tail: int = 0
+    unroll: int = 1
+    unswitch: bool = False
+    num_warps: int = 4
+    split_rows: int = 1
+    max_registers: int | None = None
+    index_bits: int = 32
+    estimate: Estimate | None = None
+    reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def chunk(self) -> int:
+        return self.threads_per_row * self.vector
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        if self.kind == "pointwise":
+            return (-(-self.rows // self.rows_per_block), -(-self.cols // self.chunk))
+        if self.kind == "outer_reduction":
+            return (-(-self.cols // self.chunk), self.split_rows)
+        return (-(-self.rows // self.rows_per_block),)
+
+    @property
+    def even_rows(self) -> bool:
+        return self.rows % self.rows_per_block == 0
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """(offset, size) of every chunk of a row; the last may be a smaller tail."""
+        out = [(i * self.chunk, self.chunk) for i in range(self.persistent_batch)]
+        if self.tail:
+            out.append((self.persistent_batch * self.chunk, self.tail))
+        return out
+
+    def short(self) -> str:
+        s = f"{self.kind} v{self.vector} tpr{self.threads_per_row} rpb{self.rows_per_block}"
+        if self.kind == "inner_persistent":
+            s += f" batch{self.persistent_batch}" + (f"+tail{self.tail}" if self.tail else "")
+        if self.unroll > 1:
+            s += f" unroll{self.unroll}"
+        if self.split_rows > 1:
+            s += f" split{self.split_rows}"
+        s += f" warps{self.num_warps}" + (" unswitch" if self.unswitch else "")
+        return s + (" i64" if self.index_bits == 64 else "")
+
+    def validate(self) -> Schedule:
+        """Legality checks in one place; messages say what does not fit."""
+        for name in ("vector", "threads_per_row", "rows_per_block"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ScheduleError(f"{name} {v} is not a power of two")
+        if self.tail and self.tail & (self.tail - 1):
+            raise ScheduleError(f"tail chunk {self.tail} is not a power of two")
+        if self.num_warps not in (1, 2, 4, 8, 16, 32):
+            raise ScheduleError(f"num_warps {self.num_warps} is not 1, 2, 4, 8, 16 or 32")
+        if self.kind == "inner_persistent":
+            covered = self.persistent_batch * self.chunk + self.tail
+            if covered < self.cols:
+                raise ScheduleError(
+                    f"{self.persistent_batch} chunks of {self.chunk} + tail {self.tail} cover "
+                    f"{covered} of {self.cols} columns"
+                )
+        if self.unswitch and self.kind == "inner_persistent" and self.tail:
+            raise ScheduleError(
+                f"unswitch needs an exact split; {self.chunk} does not divide {self.cols}"
+            )
+        return self
+
+    def explain(self) -> str:
+        lines = [f"schedule: {self.short()}  grid {self.grid}"]
+        if self.estimate:
+            lines.append(f"estimate: {self.estimate.line()}")
+        lines += [f"  - {r}" for r in self.reasons]
+        return "\n".join(lines)

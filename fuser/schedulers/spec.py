@@ -1,0 +1,137 @@
+"""KernelSpec: one segment with its layout and the facts of its actual arguments.
+
+This is what a scheduler chooses a Schedule for and what a renderer turns into source:
+the nodes, the [rows, cols] layout, and for every tensor argument its kind, dtype,
+strides in the collapsed 2D view and the alignment of its pointer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from fuser.ir.dtypes import DType
+from fuser.ir.graph import Node, Value
+from fuser.ir.ops import REDUCE, Op
+from fuser.segmenter import Kind, Layout, Segment
+
+
+@dataclass(frozen=True)
+class Arg:
+    value: Value
+    kind: Kind
+    is_output: bool
+    row_stride: int  # elements between rows (FULL, ROW)
+    col_stride: int  # elements between columns (FULL, COL)
+    align: int  # bytes the pointer is aligned to (1, 2, 4, 8 or 16)
+
+    @property
+    def name(self) -> str:
+        return self.value.name
+
+    @property
+    def dtype(self) -> DType:
+        return self.value.dtype
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    segment: Segment
+    args: tuple[Arg, ...]
+
+    @property
+    def layout(self) -> Layout:
+        assert self.segment.layout is not None
+        return self.segment.layout
+
+    @property
+    def rows(self) -> int:
+        return self.layout.rows
+
+    @property
+    def cols(self) -> int:
+        return self.layout.cols
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.segment.nodes
+
+    @property
+    def inputs(self) -> tuple[Arg, ...]:
+        return tuple(a for a in self.args if not a.is_output)
+
+    @property
+    def outputs(self) -> tuple[Arg, ...]:
+        return tuple(a for a in self.args if a.is_output)
+
+    def kind(self, v: Value) -> Kind:
+        return self.kinds[v.id]
+
+    @cached_property
+    def kinds(self) -> dict[int, Kind]:
+        return dict(self.layout.kinds)
+
+    @cached_property
+    def depth(self) -> dict[int, int]:
+        """Reduction rounds each value waits for (0: computable straight from the inputs)."""
+        d = {a.value.id: 0 for a in self.inputs}
+        for n in self.nodes:
+            base = max((d.get(v.id, 0) for v in n.inputs), default=0)
+            for v in n.outputs:
+                d[v.id] = base + 1 if n.op in REDUCE else base
+        return d
+
+    @cached_property
+    def reductions(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.op in REDUCE)
+
+    @property
+    def rounds(self) -> int:
+        return max((self.depth[n.out.id] for n in self.reductions), default=0)
+
+    def crossing_words(self) -> float:
+        """32-bit registers per row element that must survive a reduction.
+
+        Counts the FULL values computed before a reduction and used after it, or, when
+        cheaper, the narrow inputs they are recomputed from (projection to the inputs).
+        """
+        producer = {v.id: n for n in self.nodes for v in n.outputs}
+        crossing: set[int] = set()
+        for n in self.nodes:
+            for v in n.inputs:
+                if self.kinds.get(v.id) == Kind.FULL and self.depth[v.id] < self.depth[n.out.id]:
+                    if n.op not in REDUCE:
+                        crossing.add(v.id)
+        if not crossing:
+            return 0.0
+        direct = float(len(crossing))
+        sources: set[int] = set()
+
+        def cone(vid: int) -> None:
+            p = producer.get(vid)
+            if p is None:
+                sources.add(vid)
+                return
+            for x in p.inputs:
+                if self.kinds.get(x.id) in (Kind.FULL, Kind.COL) and p.op != Op.CONST:
+                    cone(x.id)
+
+        for vid in crossing:
+            cone(vid)
+        by_id = {a.value.id: a for a in self.inputs}
+        projected = sum(by_id[s].dtype.itemsize / 4 for s in sources if s in by_id)
+        return min(direct, projected) if projected else direct
+
+    def bytes_moved(self) -> int:
+        """Each input read once and each output written once."""
+        total = 0
+        for a in self.args:
+            n = {Kind.FULL: self.rows * self.cols, Kind.ROW: self.rows, Kind.COL: self.cols}.get(
+                a.kind, 1
+            )
+            total += n * a.dtype.itemsize
+        return total
+
+    def full_args(self) -> list[Arg]:
+        return [a for a in self.args if a.kind == Kind.FULL]

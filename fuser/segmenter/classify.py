@@ -1,0 +1,190 @@
+"""Map a set of nodes onto the 2D iteration space every generated kernel works in.
+
+A kernel iterates over a domain D (the largest shape among its values), seen as
+[rows, cols] where cols is D's last (contiguous) dim and rows is the product of the
+others. Every value in the kernel is one of:
+
+  FULL    varies along rows and cols          (a [rows, cols] tile)
+  ROW     one value per row                   (a row reduction result, a [rows] input)
+  COL     one value per column                (a [cols] weight, a column reduction result)
+  SCALAR  one value                           (constants)
+
+Inner reductions take FULL to ROW (layernorm, softmax); outer reductions take FULL to
+COL (a bias gradient). A node set that does not map onto this space is rejected with a
+reason, and the segmenter splits it or leaves it to ATen.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from fuser.ir.graph import Node, Value
+from fuser.ir.ops import ELEMENTWISE, REDUCE, Op
+
+
+class Kind(enum.Enum):
+    FULL = "full"
+    ROW = "row"
+    COL = "col"
+    SCALAR = "scalar"
+
+
+class Rejected(Exception):
+    """The node set does not fit one kernel; the message says why."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The result of classification: the domain and the kind of every value."""
+
+    domain: tuple[int, ...]
+    kinds: tuple[tuple[int, Kind], ...]
+    inner: bool  # has FULL -> ROW reductions
+    outer: bool  # has FULL -> COL reductions
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.domain[:-1]) if self.domain else 1
+
+    @property
+    def cols(self) -> int:
+        return self.domain[-1] if self.domain else 1
+
+    def kind(self, v: Value) -> Kind:
+        return dict(self.kinds)[v.id]
+
+
+def _shape_kinds(shape: tuple[int, ...], domain: tuple[int, ...]) -> set[Kind]:
+    """Every kind a value of `shape` could have in `domain`."""
+    n = len(domain)
+    out = set()
+    if math.prod(shape) == 1 or shape == ():
+        out.add(Kind.SCALAR)
+    if shape == domain:
+        out.add(Kind.FULL)
+    if n >= 1 and shape in (domain[:-1], domain[:-1] + (1,)):
+        out.add(Kind.ROW)
+    if n >= 1 and shape in (domain[-1:], (1,) * (n - 1) + domain[-1:]):
+        out.add(Kind.COL)
+    if n >= 1 and domain[-1] == 1 and shape == domain:
+        out.add(Kind.ROW)
+    return out
+
+
+def _broadcast_source_kind(node: Node, domain: tuple[int, ...]) -> Kind:
+    """The kind of a broadcast's operand, read off which output dims it maps to."""
+    x, bdims = node.inputs[0], node.attr("broadcast_dims")
+    out_rank = len(node.attr("shape"))
+    lead = out_rank - 1
+    real = [d for i, d in enumerate(bdims) if x.shape[i] != 1]
+    has_col = lead in real and domain[-1] != 1
+    has_row = any(d < lead for d in real)
+    if has_row and has_col:
+        return Kind.FULL
+    if has_col:
+        return Kind.COL
+    if has_row:
+        if sorted(d for d in real if d < lead) != [d for d in range(lead) if domain[d] != 1]:
+            raise Rejected(f"`{node.describe()}` broadcasts over part of the row dims")
+        return Kind.ROW
+    return Kind.SCALAR
+
+
+def pick_domain(nodes: list[Node]) -> tuple[int, ...]:
+    """The largest shape (by rank, then elements) among the values of `nodes`."""
+    shapes = [tuple(v.shape) for n in nodes for v in (*n.inputs, *n.outputs)]
+    return max(shapes, key=lambda s: (len(s), math.prod(s)), default=())
+
+
+def classify(nodes: list[Node]) -> Layout:
+    """Kinds for every value of `nodes` (a topologically ordered node set)."""
+    domain = pick_domain(nodes)
+    kinds: dict[int, Kind] = {}
+    inner = outer = False
+    n = len(domain)
+
+    def assign(v: Value, k: Kind, why: Node) -> None:
+        if k not in _shape_kinds(tuple(v.shape), domain) and not (k == Kind.SCALAR and v.rank == 0):
+            raise Rejected(
+                f"{v.name} of shape {list(v.shape)} cannot be {k.value} in {list(domain)}"
+            )
+        old = kinds.get(v.id)
+        if old is not None and old != k:
+            raise Rejected(f"`{why.describe()}` uses {v.name} as {k.value} and as {old.value}")
+        kinds[v.id] = k
+
+    def kind_from_shape(v: Value) -> Kind:
+        if v.id in kinds:
+            return kinds[v.id]
+        options = _shape_kinds(tuple(v.shape), domain)
+        for k in (Kind.FULL, Kind.SCALAR, Kind.ROW, Kind.COL):
+            if k in options:
+                return k
+        raise Rejected(
+            f"{v.name} of shape {list(v.shape)} does not map onto rows x cols of {list(domain)}"
+        )
+
+    for node in nodes:
+        op = node.op
+        if op == Op.CONST:
+            assign(node.out, Kind.SCALAR, node)
+        elif op == Op.IOTA:
+            if tuple(node.attr("shape")) != domain or node.attr("dim") != n - 1:
+                raise Rejected(f"`{node.describe()}` is not a column index of {list(domain)}")
+            assign(node.out, Kind.FULL, node)
+        elif op == Op.BROADCAST_IN_DIM:
+            src = _broadcast_source_kind(node, domain)
+            assign(node.inputs[0], src, node)
+            out_options = _shape_kinds(tuple(node.out.shape), domain)
+            out = Kind.FULL if Kind.FULL in out_options else src
+            if out not in out_options and src != Kind.SCALAR:
+                raise Rejected(f"`{node.describe()}` does not produce a {src.value} value")
+            assign(node.out, out if out in out_options else src, node)
+        elif op in ELEMENTWISE:
+            ks = {kind_from_shape(v) for v in node.inputs} - {Kind.SCALAR}
+            if len(ks) > 1:
+                raise Rejected(f"`{node.describe()}` mixes {sorted(k.value for k in ks)} operands")
+            k = ks.pop() if ks else Kind.SCALAR
+            for v in node.inputs:
+                if v.rank:
+                    assign(v, k, node)
+            assign(node.out, k, node)
+        elif op in REDUCE:
+            x = node.inputs[0]
+            xk = kind_from_shape(x)
+            assign(x, xk, node)
+            dims = set(node.attr("dims"))
+            if xk == Kind.FULL and dims == {n - 1}:
+                inner = True
+                assign(node.out, Kind.ROW, node)
+            elif xk == Kind.FULL and n > 1 and dims == set(range(n - 1)):
+                outer = True
+                assign(node.out, Kind.COL, node)
+            else:
+                raise Rejected(
+                    f"`{node.describe()}` reduces dims {sorted(dims)} of a "
+                    f"{xk.value} value; only the last dim or all leading dims fuse"
+                )
+        else:
+            raise Rejected(f"no scheduler takes `{node.describe()}` ({op.value})")
+    if inner and outer:
+        raise Rejected("mixes row reductions and column reductions")
+    if outer:
+        _check_single_round(nodes, kinds)
+    return Layout(domain, tuple(kinds.items()), inner, outer)
+
+
+def _check_single_round(nodes: list[Node], kinds: dict[int, Kind]) -> None:
+    """A column reduction's result may feed only column-wise epilogue ops."""
+    after: set[int] = set()
+    for node in nodes:
+        if node.op in REDUCE or any(v.id in after for v in node.inputs):
+            for v in node.outputs:
+                if node.op not in REDUCE and kinds[v.id] in (Kind.FULL, Kind.ROW):
+                    raise Rejected(
+                        f"`{node.describe()}` uses a column reduction's result "
+                        "across rows; that needs a second kernel"
+                    )
+                after.add(v.id)
