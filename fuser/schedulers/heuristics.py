@@ -16,8 +16,11 @@ MAX_BUFFER_REGISTERS = 128
 # Bytes each SM should have in flight to cover DRAM latency on Hopper
 # (3.35 TB/s * ~1.2 us / 132 SMs ~= 30 KB; rounded up).
 BYTES_IN_FLIGHT_PER_SM = 32 * 1024
-# nvFuser's persistent batch cap
-MAX_BATCH = 10
+# Persistent batch cap. nvFuser caps near 10; past 8 chunks ptxas kept both the fp16 loads
+# and the fp32 row live (12288 x batch 12 reached 254 registers), so fuser stops at 8.
+MAX_BATCH = 8
+# More rows per block than this grew registers beyond the model (1536 x rpb 8: 112 vs 85).
+MAX_ROWS_PER_BLOCK = 4
 
 
 def pow2_floor(n: int) -> int:
@@ -103,7 +106,7 @@ def schedule_pointwise(spec: KernelSpec, dev: Device) -> Schedule:
     )
     if s.unswitch:
         reasons.append("unswitch: the tile divides the domain, no masks")
-    regs, _ = estimate_registers(spec, rpb * chunk // (warps * 32), persistent=False)
+    regs, _ = estimate_registers(spec, max(rpb * chunk // (warps * 32), 1), 1, warps, False)
     covered = -(-spec.cols // chunk) * chunk
     est = _estimate(spec, dev, s, regs, 0, covered)
     return _with(s, est, reasons)
@@ -133,8 +136,11 @@ def _persistent_candidates(spec: KernelSpec, dev: Device, v: int) -> list[tuple]
         rpb = 1
         while tpr * rpb <= 1024:
             threads = tpr * rpb
-            if threads >= 32 and rpb <= pow2_ceil(rows) and batch <= MAX_BATCH * 2:
-                regs, buf = estimate_registers(spec, per_thread, persistent=True)
+            if (threads >= 32 and rpb <= min(pow2_ceil(rows), MAX_ROWS_PER_BLOCK)
+                    and batch <= MAX_BATCH):
+                chunks = batch + (1 if tail else 0)
+                regs, buf = estimate_registers(spec, per_thread, chunks, max(threads // 32, 1),
+                                               persistent=True)
                 out.append((tpr, rpb, batch, tail, covered, per_thread, regs, buf))
             rpb *= 2
         tpr *= 2
@@ -238,7 +244,7 @@ def schedule_looped(spec: KernelSpec, dev: Device, v: int, reasons: list[str]) -
         num_warps=warps,
         index_bits=index_bits(spec),
     )
-    regs, _ = estimate_registers(spec, v * unroll * 2, persistent=False)
+    regs, _ = estimate_registers(spec, v * unroll, unroll, warps, persistent=False)
     return _with(s, _estimate(spec, dev, s, regs, 0, spec.cols), reasons)
 
 
@@ -273,7 +279,7 @@ def schedule_outer(spec: KernelSpec, dev: Device) -> Schedule:
         split_rows=split,
         index_bits=index_bits(spec),
     )
-    regs, _ = estimate_registers(spec, chunk * rpb // (warps * 32), persistent=False)
+    regs, _ = estimate_registers(spec, max(chunk * rpb // (warps * 32), 1), 1, warps, False)
     return _with(s, _estimate(spec, dev, s, regs, 0, col_blocks * chunk), reasons)
 
 

@@ -93,35 +93,17 @@ class KernelSpec:
     def crossing_words(self) -> float:
         """32-bit registers per row element that must survive a reduction.
 
-        Counts the FULL values computed before a reduction and used after it, or, when
-        cheaper, the narrow inputs they are recomputed from (projection to the inputs).
+        One fp32 word when any FULL value computed before a reduction is used after it
+        (ptxas keeps the newest fp32 form of the row and lets the older ones die; measured
+        on the seed fusion, layernorm and softmax), otherwise none.
         """
-        producer = {v.id: n for n in self.nodes for v in n.outputs}
-        crossing: set[int] = set()
         for n in self.nodes:
+            if n.op in REDUCE:
+                continue
             for v in n.inputs:
                 if self.kinds.get(v.id) == Kind.FULL and self.depth[v.id] < self.depth[n.out.id]:
-                    if n.op not in REDUCE:
-                        crossing.add(v.id)
-        if not crossing:
-            return 0.0
-        direct = float(len(crossing))
-        sources: set[int] = set()
-
-        def cone(vid: int) -> None:
-            p = producer.get(vid)
-            if p is None:
-                sources.add(vid)
-                return
-            for x in p.inputs:
-                if self.kinds.get(x.id) in (Kind.FULL, Kind.COL) and p.op != Op.CONST:
-                    cone(x.id)
-
-        for vid in crossing:
-            cone(vid)
-        by_id = {a.value.id: a for a in self.inputs}
-        projected = sum(by_id[s].dtype.itemsize / 4 for s in sources if s in by_id)
-        return min(direct, projected) if projected else direct
+                    return 1.0
+        return 0.0
 
     def bytes_moved(self) -> int:
         """Each input read once and each output written once."""

@@ -240,10 +240,11 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                 f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
             )
         step = s.rows_per_block * split
-        with w.block(f"for r0 in range(tl.program_id(1) * {s.rows_per_block}, n_rows, {step}):"):
+        trips = -(-spec.rows // step)
+        with w.block(f"for i in range({trips}):"):
             idx = f"tl.arange(0, {s.rows_per_block})[:, None]"
-            r0 = "r0.to(tl.int64)" if s.index_bits == 64 else "r0"
-            w.line(f"rows = {r0} + {idx}")
+            pid = "tl.program_id(1).to(tl.int64)" if s.index_bits == 64 else "tl.program_id(1)"
+            w.line(f"rows = ({pid} + i * {split}) * {s.rows_per_block} + {idx}")
             w.line("row_ok = rows < n_rows")
             inner = Emitter(kw)
             inner.done |= em.done
@@ -251,10 +252,7 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
             for n in spec.nodes:
                 if n.op in REDUCE:
                     inner.ensure_inputs(n, chunk)
-                    term = kw.reduce_term(n, chunk, axis=0)
-                    # acc keeps the rows apart; fold them once after the loop
-                    x = term.replace(", axis=0, keep_dims=True)", "").split("(", 1)[1]
-                    x = x[: x.rfind(")")] if False else x
+                    # acc keeps the rows apart; they are folded once after the loop
                     w.line(
                         f"acc_{n.out.name} = "
                         f"{kw.combine(n.op, f'acc_{n.out.name}', _masked(kw, n, chunk))}"

@@ -99,7 +99,8 @@ class TritonKernelWriter:
     def offsets(self, a: Arg, chunk: Chunk | None) -> str:
         cols = f"cols{chunk.suffix()}" if chunk else "cols"
         terms = []
-        if a.kind in (Kind.FULL, Kind.ROW) and self.spec.rows > 1:
+        if a.kind == Kind.ROW or (a.kind == Kind.FULL and self.spec.rows > 1):
+            # a ROW pointer is always a [rows, 1] block, also for a single row
             terms.append(f"rows * {a.row_stride}" if a.row_stride != 1 else "rows")
         if a.kind in (Kind.FULL, Kind.COL):
             terms.append(f"{cols} * {a.col_stride}" if a.col_stride != 1 else cols)

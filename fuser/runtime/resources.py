@@ -1,0 +1,124 @@
+"""What the real compiler makes of a kernel: registers, stack/spills, shared memory.
+
+Works without a GPU: Triton compiles for GPUTarget("cuda", 90, 32) and the cubin is read
+with the cuobjdump that ships inside the Triton wheel. Triton's interpreter mode (chosen
+at import) cannot compile, so in that mode the compile runs in a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fuser.config import use_interpreter
+
+TL_PTR = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64",
+          "int32": "*i32", "int64": "*i64", "bool": "*i1"}
+
+
+def cuobjdump() -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def parse_resource_usage(text: str) -> dict[str, dict[str, int]]:
+    """{function: {registers, stack, shared, local}} from `cuobjdump --dump-resource-usage`."""
+    out, fn = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function (\S+):", line)
+        if m:
+            fn = m.group(1)
+            continue
+        if fn and "REG:" in line:
+            vals = dict(re.findall(r"(\w+):(\d+)", line))
+            out[fn] = {"registers": int(vals.get("REG", 0)), "stack": int(vals.get("STACK", 0)),
+                       "shared": int(vals.get("SHARED", 0)), "local": int(vals.get("LOCAL", 0))}
+    return out
+
+
+def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        text = subprocess.run([cuobjdump(), "--dump-resource-usage", path], capture_output=True,
+                              text=True, check=True).stdout
+    finally:
+        os.unlink(path)
+    return parse_resource_usage(text)
+
+
+def _job(kernel: Any, arch: str) -> dict:
+    sig = {f"{a.name}_ptr": TL_PTR[a.dtype.value] for a in kernel.spec.args}
+    sig.update({f"{w}_ptr": "*fp32" for w in kernel.workspaces})
+    sig["n_rows"] = "i32"
+    aligned = [i for i, a in enumerate(kernel.spec.args) if a.align == 16]
+    aligned += [len(kernel.spec.args) + i for i in range(len(kernel.workspaces))]
+    return {"source": kernel.source, "name": kernel.name, "signature": sig, "aligned": aligned,
+            "num_warps": kernel.schedule.num_warps, "arch": int(arch.removeprefix("sm_"))}
+
+
+def _compile_triton(job: dict) -> dict:
+    import importlib.util
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / f"{job['name']}.py"
+        path.write_text(job["source"])
+        spec = importlib.util.spec_from_file_location(f"_res_{job['name']}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        fn = getattr(mod, job["name"])
+        attrs = {(i,): [["tt.divisibility", 16]] for i in job["aligned"]}
+        src = ASTSource(fn=fn, signature=job["signature"], constexprs={}, attrs=attrs)
+        compiled = triton.compile(src, target=GPUTarget("cuda", job["arch"], 32),
+                                  options={"num_warps": job["num_warps"]})
+        res = cubin_resources(compiled.asm["cubin"])
+    r = res.get(job["name"]) or next(iter(res.values()))
+    return {**r, "spill_bytes": r["stack"] + r["local"]}
+
+
+def kernel_resources(kernel: Any, arch: str = "sm_90") -> dict:
+    if kernel.backend == "cuda":
+        from fuser.runtime.cuda_backend import cuda_resources
+
+        return cuda_resources(kernel, arch)
+    job = _job(kernel, arch)
+    if not use_interpreter():
+        return _compile_triton(job)
+    return resources_in_child([job])[0]
+
+
+def resources_in_child(jobs: list[dict]) -> list[dict]:
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-m", "fuser.runtime.resources"],
+                          input=json.dumps(jobs), capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        from fuser.errors import CompileError
+
+        raise CompileError(f"compiling for resources failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def many_resources(kernels: list[Any], arch: str = "sm_90") -> list[dict]:
+    """Resources of many Triton kernels in one child process (fast for sweeps)."""
+    jobs = [_job(k, arch) for k in kernels]
+    results = [_compile_triton(j) for j in jobs] if not use_interpreter() else \
+        resources_in_child(jobs)
+    for k, r in zip(kernels, results):
+        k._resources[arch] = r
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps([_compile_triton(j) for j in json.loads(sys.stdin.read())]))
