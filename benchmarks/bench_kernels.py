@@ -97,17 +97,62 @@ def cases(quick: bool):
     seed = seed_layernorm_fusion()
     for h in SWEEP[:3] if quick else SWEEP:
         ins = [rnd(h, dtype=f16), rnd(8192, h, dtype=f16)] + [rnd(h, dtype=f16) for _ in range(3)]
-        yield "ln_fused_fp16", f"8192x{h}", "float16", seed, seed_eager, ins, 2 * 8192 * h * 2 + 4 * h * 2
+        yield (
+            "ln_fused_fp16",
+            f"8192x{h}",
+            "float16",
+            seed,
+            seed_eager,
+            ins,
+            2 * 8192 * h * 2 + 4 * h * 2,
+        )
     for h in (768, 1600, 5140):
         ins = [rnd(8192, h, dtype=bf16), rnd(h, dtype=bf16), rnd(h, dtype=bf16)]
-        yield "layernorm_fwd", f"8192x{h}", "bfloat16", fd_ln(bf16), ln_eager, ins, 2 * 8192 * h * 2 + 2 * h * 2
-        ins = [rnd(8192, h, dtype=bf16), rnd(8192, h, dtype=bf16), rnd(h, dtype=bf16), rnd(h, dtype=bf16)]
-        yield "residual_layernorm_fwd", f"8192x{h}", "bfloat16", fd_res_ln(bf16), res_ln_eager, ins, 3 * 8192 * h * 2 + 2 * h * 2
+        yield (
+            "layernorm_fwd",
+            f"8192x{h}",
+            "bfloat16",
+            fd_ln(bf16),
+            ln_eager,
+            ins,
+            2 * 8192 * h * 2 + 2 * h * 2,
+        )
+        ins = [
+            rnd(8192, h, dtype=bf16),
+            rnd(8192, h, dtype=bf16),
+            rnd(h, dtype=bf16),
+            rnd(h, dtype=bf16),
+        ]
+        yield (
+            "residual_layernorm_fwd",
+            f"8192x{h}",
+            "bfloat16",
+            fd_res_ln(bf16),
+            res_ln_eager,
+            ins,
+            3 * 8192 * h * 2 + 2 * h * 2,
+        )
     ins = [rnd(98304, 1024, dtype=bf16)]
-    yield "softmax", "98304x1024", "bfloat16", fd_softmax(bf16), softmax_eager, ins, 2 * 98304 * 1024 * 2
+    yield (
+        "softmax",
+        "98304x1024",
+        "bfloat16",
+        fd_softmax(bf16),
+        softmax_eager,
+        ins,
+        2 * 98304 * 1024 * 2,
+    )
     for h in (3072, 6400):
         ins = [rnd(8192, h, dtype=bf16)]
-        yield "bias_grad_colsum", f"8192x{h}", "bfloat16", fd_colsum(bf16), colsum_eager, ins, 8192 * h * 2 + h * 4
+        yield (
+            "bias_grad_colsum",
+            f"8192x{h}",
+            "bfloat16",
+            fd_colsum(bf16),
+            colsum_eager,
+            ins,
+            8192 * h * 2 + h * 4,
+        )
 
 
 def host_overhead_us(fd, ins) -> float:
@@ -129,8 +174,12 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, "date": datetime.date.today().isoformat()}
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": datetime.date.today().isoformat(),
+    }
     ceiling = copy_gbps()
     rows = []
     for op, shape, dtype, fd, eager, ins, nbytes in cases(args.quick):
@@ -143,8 +192,11 @@ def main() -> None:
         ok = torch.allclose(got.float(), ref.float(), atol=tol, rtol=tol)
         compiled = torch.compile(eager)
         compiled(*ins)
-        impls = {"fuser-triton": lambda: fd.execute(ins), "eager": lambda: eager(*ins),
-                 "compile": lambda: compiled(*ins)}
+        impls = {
+            "fuser-triton": lambda: fd.execute(ins),
+            "eager": lambda: eager(*ins),
+            "compile": lambda: compiled(*ins),
+        }
         k = fd.kernels
         res = []
         try:
@@ -156,29 +208,51 @@ def main() -> None:
                 ms = float("nan")
             else:
                 ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-            row = {"op": op, "shape": shape, "dtype": dtype, "impl": impl, "ms": ms,
-                   "gbps": nbytes / ms / 1e6, "copy_gbps": ceiling, **meta}
+            row = {
+                "op": op,
+                "shape": shape,
+                "dtype": dtype,
+                "impl": impl,
+                "ms": ms,
+                "gbps": nbytes / ms / 1e6,
+                "copy_gbps": ceiling,
+                **meta,
+            }
             if impl == "fuser-triton":
-                row.update({
-                    "correct": bool(ok),
-                    "schedule": "; ".join(kk.schedule.short() for kk in k),
-                    "est_registers": [kk.schedule.estimate.registers for kk in k],
-                    "registers": [r.get("registers") for r in res],
-                    "spill_bytes": [r.get("spill_bytes") for r in res],
-                    "first_call_s": compile_s,
-                })
+                row.update(
+                    {
+                        "correct": bool(ok),
+                        "schedule": "; ".join(kk.schedule.short() for kk in k),
+                        "est_registers": [kk.schedule.estimate.registers for kk in k],
+                        "registers": [r.get("registers") for r in res],
+                        "spill_bytes": [r.get("spill_bytes") for r in res],
+                        "first_call_s": compile_s,
+                    }
+                )
             rows.append(row)
-            print(f"{op:24s} {shape:12s} {impl:13s} {ms:8.4f} ms {row['gbps']:7.0f} GB/s "
-                  f"({row['gbps'] / ceiling:5.1%} of copy) {row.get('schedule', '')} "
-                  f"{row.get('registers', '')}", flush=True)
+            print(
+                f"{op:24s} {shape:12s} {impl:13s} {ms:8.4f} ms {row['gbps']:7.0f} GB/s "
+                f"({row['gbps'] / ceiling:5.1%} of copy) {row.get('schedule', '')} "
+                f"{row.get('registers', '')}",
+                flush=True,
+            )
     seed = seed_layernorm_fusion()
-    ins = [torch.randn(768, device="cuda", dtype=torch.float16),
-           torch.randn(8192, 768, device="cuda", dtype=torch.float16)] + [
-        torch.randn(768, device="cuda", dtype=torch.float16) for _ in range(3)]
+    ins = [
+        torch.randn(768, device="cuda", dtype=torch.float16),
+        torch.randn(8192, 768, device="cuda", dtype=torch.float16),
+    ] + [torch.randn(768, device="cuda", dtype=torch.float16) for _ in range(3)]
     overhead = host_overhead_us(seed, ins)
     print(f"host overhead of a cached fd.execute (seed, 8192x768): {overhead:.1f} us")
-    rows.append({"op": "host_overhead", "shape": "8192x768", "dtype": "float16",
-                 "impl": "fuser-triton", "us": overhead, **meta})
+    rows.append(
+        {
+            "op": "host_overhead",
+            "shape": "8192x768",
+            "dtype": "float16",
+            "impl": "fuser-triton",
+            "us": overhead,
+            **meta,
+        }
+    )
     with open(out / "results.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
@@ -195,8 +269,11 @@ def plot(rows, ceiling, path) -> None:
         return
     fig, ax = plt.subplots(figsize=(9, 5))
     for impl in ("fuser-triton", "compile", "eager"):
-        pts = [(int(r["shape"].split("x")[1]), r["gbps"]) for r in rows
-               if r.get("op") == "ln_fused_fp16" and r["impl"] == impl]
+        pts = [
+            (int(r["shape"].split("x")[1]), r["gbps"])
+            for r in rows
+            if r.get("op") == "ln_fused_fp16" and r["impl"] == impl
+        ]
         if pts:
             ax.plot(*zip(*pts), marker="o", label=impl)
     ax.axhline(ceiling, color="gray", ls="--", label=f"copy {ceiling:.0f} GB/s")

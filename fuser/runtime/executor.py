@@ -62,6 +62,7 @@ class CompiledFusion:
     backend: str
     notes: list[str] = field(default_factory=list)
     compile_seconds: float = 0.0
+    copied: set[int] = field(default_factory=set)  # inputs passed as contiguous copies
 
     @property
     def graph(self) -> Graph:
@@ -79,13 +80,13 @@ class CompiledFusion:
                         env[v.id] = t
                 continue
             args = []
-            for a in kernel.spec.args:
+            for a, shape in zip(kernel.spec.args, kernel.shapes):
                 if a.is_output:
-                    t = torch.empty(_shape(a.value), dtype=a.dtype.torch, device=dev)
+                    t = torch.empty(shape, dtype=a.dtype.torch, device=dev)
                     env[a.value.id] = t
                 else:
                     t = env[a.value.id]
-                    if view_2d(t, a.kind, kernel.spec.rows) != (a.row_stride, a.col_stride):
+                    if a.value.id in self.copied:  # not a 2D view: planned as a copy
                         t = t.contiguous()
                 args.append(t)
             kernel.launch(args)
@@ -135,7 +136,7 @@ class _Meta:
 
 
 def build_specs(
-    graph: Graph, segments: list[Segment], inputs: list[Any], name: str
+    graph: Graph, segments: list[Segment], inputs: list[Any], name: str, copied: set[int]
 ) -> dict[int, KernelSpec]:
     facts: dict[int, tuple[Any, int]] = {}
     for v, t in zip(graph.inputs, inputs):
@@ -163,6 +164,7 @@ def build_specs(
                 if st is None:  # not a 2D view: the runtime passes a contiguous copy
                     st = view_2d(_Meta(_shape(v)), kind, layout.rows)
                     align = 16
+                    copied.add(v.id)
                 args.append(Arg(v, kind, is_out, st[0], st[1], align))
         specs[seg.index] = KernelSpec(f"{name}_k{seg.index}", seg, tuple(args))
     return specs
@@ -181,12 +183,18 @@ def plan(
         )
         return CompiledFusion(pipeline, [seg], {}, device, backend, ["empty tensors"])
     segments = segment(final)
-    specs = build_specs(final, segments, inputs, name)
+    copied: set[int] = set()
+    specs = build_specs(final, segments, inputs, name, copied)
     kernels = {}
     for idx, spec in specs.items():
         schedule = choose_schedule(spec, device)
         kernels[idx] = render_kernel(spec, schedule, backend)
-    cf = CompiledFusion(pipeline, segments, kernels, device, backend, notes)
+    if copied:
+        notes.append(
+            "inputs " + ", ".join(f"t{i}" for i in sorted(copied)) + " are not 2D "
+            "views (their row dims do not collapse); they are passed as contiguous copies"
+        )
+    cf = CompiledFusion(pipeline, segments, kernels, device, backend, notes, copied=copied)
     cf.compile_seconds = time.perf_counter() - t0
     return cf
 

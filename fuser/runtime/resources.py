@@ -18,8 +18,15 @@ from typing import Any
 
 from fuser.config import use_interpreter
 
-TL_PTR = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64",
-          "int32": "*i32", "int64": "*i64", "bool": "*i1"}
+TL_PTR = {
+    "float32": "*fp32",
+    "float16": "*fp16",
+    "bfloat16": "*bf16",
+    "float64": "*fp64",
+    "int32": "*i32",
+    "int64": "*i64",
+    "bool": "*i1",
+}
 
 
 def cuobjdump() -> str:
@@ -38,8 +45,12 @@ def parse_resource_usage(text: str) -> dict[str, dict[str, int]]:
             continue
         if fn and "REG:" in line:
             vals = dict(re.findall(r"(\w+):(\d+)", line))
-            out[fn] = {"registers": int(vals.get("REG", 0)), "stack": int(vals.get("STACK", 0)),
-                       "shared": int(vals.get("SHARED", 0)), "local": int(vals.get("LOCAL", 0))}
+            out[fn] = {
+                "registers": int(vals.get("REG", 0)),
+                "stack": int(vals.get("STACK", 0)),
+                "shared": int(vals.get("SHARED", 0)),
+                "local": int(vals.get("LOCAL", 0)),
+            }
     return out
 
 
@@ -48,8 +59,9 @@ def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
         f.write(cubin)
         path = f.name
     try:
-        text = subprocess.run([cuobjdump(), "--dump-resource-usage", path], capture_output=True,
-                              text=True, check=True).stdout
+        text = subprocess.run(
+            [cuobjdump(), "--dump-resource-usage", path], capture_output=True, text=True, check=True
+        ).stdout
     finally:
         os.unlink(path)
     return parse_resource_usage(text)
@@ -61,8 +73,14 @@ def _job(kernel: Any, arch: str) -> dict:
     sig["n_rows"] = "i32"
     aligned = [i for i, a in enumerate(kernel.spec.args) if a.align == 16]
     aligned += [len(kernel.spec.args) + i for i in range(len(kernel.workspaces))]
-    return {"source": kernel.source, "name": kernel.name, "signature": sig, "aligned": aligned,
-            "num_warps": kernel.schedule.num_warps, "arch": int(arch.removeprefix("sm_"))}
+    return {
+        "source": kernel.source,
+        "name": kernel.name,
+        "signature": sig,
+        "aligned": aligned,
+        "num_warps": kernel.schedule.num_warps,
+        "arch": int(arch.removeprefix("sm_")),
+    }
 
 
 def _compile_triton(job: dict) -> dict:
@@ -81,8 +99,9 @@ def _compile_triton(job: dict) -> dict:
         fn = getattr(mod, job["name"])
         attrs = {(i,): [["tt.divisibility", 16]] for i in job["aligned"]}
         src = ASTSource(fn=fn, signature=job["signature"], constexprs={}, attrs=attrs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", job["arch"], 32),
-                                  options={"num_warps": job["num_warps"]})
+        compiled = triton.compile(
+            src, target=GPUTarget("cuda", job["arch"], 32), options={"num_warps": job["num_warps"]}
+        )
         res = cubin_resources(compiled.asm["cubin"])
     r = res.get(job["name"]) or next(iter(res.values()))
     return {**r, "spill_bytes": r["stack"] + r["local"]}
@@ -101,8 +120,13 @@ def kernel_resources(kernel: Any, arch: str = "sm_90") -> dict:
 
 def resources_in_child(jobs: list[dict]) -> list[dict]:
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run([sys.executable, "-m", "fuser.runtime.resources"],
-                          input=json.dumps(jobs), capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fuser.runtime.resources"],
+        input=json.dumps(jobs),
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         from fuser.errors import CompileError
 
@@ -113,8 +137,9 @@ def resources_in_child(jobs: list[dict]) -> list[dict]:
 def many_resources(kernels: list[Any], arch: str = "sm_90") -> list[dict]:
     """Resources of many Triton kernels in one child process (fast for sweeps)."""
     jobs = [_job(k, arch) for k in kernels]
-    results = [_compile_triton(j) for j in jobs] if not use_interpreter() else \
-        resources_in_child(jobs)
+    results = (
+        [_compile_triton(j) for j in jobs] if not use_interpreter() else resources_in_child(jobs)
+    )
     for k, r in zip(kernels, results):
         k._resources[arch] = r
     return results

@@ -64,7 +64,9 @@ def current() -> Device:
     import torch
 
     if not torch.cuda.is_available():
-        return PRESETS["h100"]
+        return replace(
+            PRESETS["h100"], name="h100 preset (no GPU here: kernels run in Triton's interpreter)"
+        )
     p = torch.cuda.get_device_properties(torch.cuda.current_device())
     base = PRESETS["h200" if "H200" in p.name else "h100" if p.major >= 9 else "a100"]
     return replace(

@@ -136,11 +136,15 @@ def _persistent_candidates(spec: KernelSpec, dev: Device, v: int) -> list[tuple]
         rpb = 1
         while tpr * rpb <= 1024:
             threads = tpr * rpb
-            if (threads >= 32 and rpb <= min(pow2_ceil(rows), MAX_ROWS_PER_BLOCK)
-                    and batch <= MAX_BATCH):
+            if (
+                threads >= 32
+                and rpb <= min(pow2_ceil(rows), MAX_ROWS_PER_BLOCK)
+                and batch <= MAX_BATCH
+            ):
                 chunks = batch + (1 if tail else 0)
-                regs, buf = estimate_registers(spec, per_thread, chunks, max(threads // 32, 1),
-                                               persistent=True)
+                regs, buf = estimate_registers(
+                    spec, per_thread, chunks, max(threads // 32, 1), persistent=True
+                )
                 out.append((tpr, rpb, batch, tail, covered, per_thread, regs, buf))
             rpb *= 2
         tpr *= 2

@@ -19,8 +19,7 @@ from fuser.schedulers.spec import KernelSpec
 BASE_OVERHEAD = 22
 PER_CHUNK = 2
 # exp/log/erf/tanh expand into several instructions with live temporaries
-TRANSCENDENTAL = {Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.LOG1P, Op.TANH, Op.ERF, Op.POW,
-                  Op.SIGMOID}
+TRANSCENDENTAL = {Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.LOG1P, Op.TANH, Op.ERF, Op.POW, Op.SIGMOID}
 
 
 def overhead(spec: KernelSpec, chunks: int, warps: int) -> int:
@@ -39,8 +38,9 @@ def working_registers(spec: KernelSpec, elements_per_thread: int) -> int:
     return math.ceil(elements_per_thread * max(words, 1.0))
 
 
-def estimate_registers(spec: KernelSpec, elements_per_thread: int, chunks: int, warps: int,
-                       persistent: bool) -> tuple[int, int]:
+def estimate_registers(
+    spec: KernelSpec, elements_per_thread: int, chunks: int, warps: int, persistent: bool
+) -> tuple[int, int]:
     """(total, buffer) registers per thread for `elements_per_thread` row elements."""
     buf = buffer_registers(spec, elements_per_thread) if persistent else 0
     work = buf if persistent and buf else working_registers(spec, elements_per_thread)

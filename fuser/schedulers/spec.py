@@ -12,7 +12,7 @@ from functools import cached_property
 
 from fuser.ir.dtypes import DType
 from fuser.ir.graph import Node, Value
-from fuser.ir.ops import REDUCE, Op
+from fuser.ir.ops import REDUCE
 from fuser.segmenter import Kind, Layout, Segment
 
 
