@@ -90,7 +90,9 @@ def eliminate_casts(graph: Graph, relaxed_precision: bool = False) -> Graph:
         while (inner := producer.get(origin.id)) is not None and inner.op == Op.CAST:
             src = inner.inputs[0]
             lossless = (src.dtype, origin.dtype) in _EXACT_WIDENING
-            if not (lossless or (relaxed_precision and src.dtype == target)):
+            # relaxed skips float roundings only: float(int(x)) truncates, it is no rounding
+            rounding = src.dtype == target and src.dtype.is_float and origin.dtype.is_float
+            if not (lossless or (relaxed_precision and rounding)):
                 break
             origin = src
         src_t = rw.get(origin)

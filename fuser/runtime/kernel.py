@@ -52,9 +52,10 @@ class Kernel:
         if self._compiled is not None:
             # the plan is specific to shapes, strides and alignment, so Triton's compiled
             # kernel for the first launch fits every later one: skip the JIT's re-binding
-            self._compiled[s.grid](*args)
+            # a compiled kernel's launcher wants all three grid dimensions
+            self._compiled[(*s.grid, 1, 1)[:3]](*args)
             if self._finalize is not None:
-                self._finalize[(s.grid[0],)](*args)
+                self._finalize[(s.grid[0], 1, 1)](*args)
             return
         interp = tensors[0].device.type != "cuda"
         if self._module is None:
