@@ -1,0 +1,527 @@
+"""One registry of op samples: every test per op draws from `SAMPLES`.
+
+A sample says how to build the op with `fd.ops`, how to make random inputs for a shape
+and dtype (never zeros; positive where the op needs it), and what plain torch computes
+for it (written with torch directly, never through fuser's evaluator). `cases()` crosses
+samples with their shapes and dtypes; every case carries a one-line repro.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import sympy
+import torch
+import torch.nn.functional as F
+
+from fuser import FusionDefinition
+from fuser.ir.dtypes import dtype_of
+from fuser.ir.evaluate import tolerance
+from fuser.ir.graph import Graph
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+I32, I64, BOOL = torch.int32, torch.int64, torch.bool
+FLOATS = (F32, F16, BF16)
+INTS = (I32, I64)
+
+# odd sizes on purpose: 1 and 7 (tails everywhere), 5140 (GPT-2 style hidden size that
+# no power of two divides), 50257 (GPT-2 vocabulary, a prime-ish row too long to keep in
+# registers); rows stay small so the CPU evaluator is fast
+ELEMENTWISE_SHAPES = ((), (1,), (3, 7), (2, 5140), (1, 50257))
+# a rank-0 *tensor* with a Python scalar promotes differently in torch (see test_ir_ops)
+TENSOR_SHAPES = ELEMENTWISE_SHAPES[1:]
+ROW_SHAPES = ((4, 1), (3, 7), (2, 5140), (2, 50257))
+NORM_SHAPES = ((4, 1), (3, 7), (2, 5140))
+SHAPES_3D = ((2, 3, 7), (2, 5, 1))
+
+Inputs = Callable[[tuple, torch.dtype, torch.Generator], list[torch.Tensor]]
+
+
+# -- random inputs -------------------------------------------------------------------
+def randn(shape: tuple, dtype: torch.dtype, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """Normal floats (never exactly zero in practice); ints in [-9, 9] without 0; random bools."""
+    if dtype == BOOL:
+        return torch.randn(shape, generator=g) > 0
+    if not dtype.is_floating_point:
+        mag = torch.randint(1, 10, shape, generator=g)
+        sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1, 1)
+        return (mag * sign).to(dtype)
+    return (torch.randn(shape, generator=g) * scale).to(dtype)
+
+
+def positive(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Floats in [0.25, 4.25) (log, sqrt, rsqrt, pow bases); ints in [1, 9]."""
+    if not dtype.is_floating_point:
+        return torch.randint(1, 10, shape, generator=g).to(dtype)
+    return (torch.rand(shape, generator=g) * 4 + 0.25).to(dtype)
+
+
+def with_ties(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
+    """Two operands equal at about half the positions, so eq/ne/le/ge see both outcomes."""
+    a, b = randn(shape, dtype, g), randn(shape, dtype, g)
+    return [a, torch.where(torch.rand(shape, generator=g) < 0.5, a, b)]
+
+
+def with_nans(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
+    x = randn(shape, dtype, g)
+    return [torch.where(torch.rand(shape, generator=g) < 0.3, float("nan"), x).to(dtype)]
+
+
+def one(fn: Callable[..., torch.Tensor] = randn, **kw: Any) -> Inputs:
+    return lambda shape, dtype, g: [fn(shape, dtype, g, **kw)]
+
+
+def two(fn: Callable[..., torch.Tensor] = randn) -> Inputs:
+    return lambda shape, dtype, g: [fn(shape, dtype, g), fn(shape, dtype, g)]
+
+
+def targets(shape: tuple, g: torch.Generator, ignore_index: int, dtype=I64) -> torch.Tensor:
+    """Class ids for [rows, classes] logits; every third row (row 0 first) is ignored."""
+    rows, classes = shape
+    t = torch.randint(0, classes, (rows,), generator=g)
+    t[::3] = ignore_index
+    return t.to(dtype)
+
+
+# -- samples -------------------------------------------------------------------------
+def _one_reduced(shape: tuple) -> int:
+    return 1
+
+
+@dataclass(frozen=True)
+class OpSample:
+    """One way of calling one op. `build(fd, *inputs)` returns an output or a tuple of them;
+    `ref(*tensors)` returns what torch computes, a tensor or a tuple."""
+
+    name: str
+    build: Callable[..., Any]
+    ref: Callable[..., Any]
+    inputs: Inputs = field(default_factory=one)
+    dtypes: tuple = FLOATS
+    shapes: tuple = ELEMENTWISE_SHAPES
+    # how many elements feed one output element, for the tolerance
+    reduced: Callable[[tuple], int] = _one_reduced
+    # define the inputs with static sizes instead of -1
+    static: bool = False
+
+
+@dataclass(frozen=True)
+class Case:
+    sample: OpSample
+    shape: tuple
+    dtype: torch.dtype
+
+    @property
+    def id(self) -> str:
+        dims = "x".join(str(s) for s in self.shape) or "scalar"
+        return f"{self.sample.name}-{dtype_of(self.dtype).short}-{dims}"
+
+    def repro(self, nodeid: str = "") -> str:
+        """One line: op, shape, dtype and the command that reruns just this check."""
+        target = nodeid or f"tests/test_ir_ops.py -k '{self.id}'"
+        return (
+            f"op={self.sample.name} shape={self.shape} dtype={self.dtype} "
+            f"| repro: python -m pytest '{target}'"
+        )
+
+    def make_inputs(self) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(zlib.crc32(self.id.encode()))
+        return self.sample.inputs(self.shape, self.dtype, g)
+
+    def define(self, inputs: list[torch.Tensor]) -> FusionDefinition:
+        with FusionDefinition(self.sample.name) as fd:
+            handles = [fd.from_torch(t, static_shape=self.sample.static) for t in inputs]
+            outs = self.sample.build(fd, *handles)
+            for out in outs if isinstance(outs, tuple) else (outs,):
+                fd.add_output(out)
+        return fd
+
+    def expected(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = self.sample.ref(*inputs)
+        return list(out) if isinstance(out, tuple) else [out]
+
+    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        return tolerance(dtype_of(dtype), self.sample.reduced(self.shape))
+
+
+def cases(samples: list[OpSample] | None = None) -> list[Case]:
+    return [
+        Case(s, shape, dtype)
+        for s in samples or SAMPLES
+        for dtype in s.dtypes
+        for shape in s.shapes
+    ]
+
+
+def by_name(name: str) -> OpSample:
+    (s,) = [s for s in SAMPLES if s.name == name]
+    return s
+
+
+def binding(graph: Graph, inputs: list[torch.Tensor]) -> dict[sympy.Symbol, int]:
+    """Symbolic input sizes of `graph` -> the sizes of `inputs` (what fd.bind substitutes)."""
+    return {
+        d: int(n)
+        for v, t in zip(graph.inputs, inputs)
+        for d, n in zip(v.shape, t.shape)
+        if not isinstance(d, int)
+    }
+
+
+def assert_close(actual: list, expected: list, case: Case, what: str, nodeid: str = "") -> None:
+    """Compare output lists; the first line of any failure is the case's repro."""
+    head = f"{what}: {case.repro(nodeid)}"
+    assert len(actual) == len(expected), f"{head}\n{len(actual)} outputs, expected {len(expected)}"
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        atol, rtol = case.tolerance(e.dtype)
+        torch.testing.assert_close(
+            a, e, atol=atol, rtol=rtol, equal_nan=True,
+            msg=lambda m, i=i, atol=atol, rtol=rtol: f"{head}\noutput {i} (atol={atol:g}, "
+            f"rtol={rtol:g}): {m}",
+        )
+
+
+# -- the registry ----------------------------------------------------------------------
+def _last(shape: tuple) -> int:
+    return shape[-1] if shape else 1
+
+
+def _unary(name: str, ref: Callable, inputs: Inputs = one(), dtypes: tuple = FLOATS) -> OpSample:
+    return OpSample(name, lambda fd, x: getattr(fd.ops, name)(x), ref, inputs, dtypes)
+
+
+def _float_unary(name: str, ref: Callable, inputs: Inputs = one()) -> OpSample:
+    # integer operands promote to float32, as in torch
+    return _unary(name, ref, inputs, FLOATS + (I32,))
+
+
+UNARY_SAMPLES = [
+    _unary("neg", torch.neg, dtypes=FLOATS + INTS),
+    _unary("abs", torch.abs, dtypes=FLOATS + INTS),
+    _float_unary("exp", torch.exp),
+    _float_unary("exp2", torch.exp2),
+    _float_unary("log", torch.log, one(positive)),
+    _float_unary("log2", torch.log2, one(positive)),
+    _float_unary("log1p", torch.log1p, one(positive)),
+    _float_unary("sqrt", torch.sqrt, one(positive)),
+    _float_unary("rsqrt", torch.rsqrt, one(positive)),
+    _float_unary("reciprocal", torch.reciprocal, one(positive)),
+    _float_unary("tanh", torch.tanh),
+    _float_unary("erf", torch.erf),
+    _float_unary("sigmoid", torch.sigmoid),
+    _unary("relu", torch.relu, dtypes=FLOATS + INTS),
+    _float_unary("sin", torch.sin, one(randn, scale=4.0)),
+    _float_unary("cos", torch.cos, one(randn, scale=4.0)),
+    _unary("floor", torch.floor, one(randn, scale=4.0)),
+    _unary("ceil", torch.ceil, one(randn, scale=4.0)),
+    _unary("logical_not", torch.logical_not, dtypes=(BOOL,)),
+    _unary("isnan", torch.isnan, with_nans),
+]
+
+
+def _binary(name: str, ref: Callable, inputs: Inputs = two(), dtypes: tuple = FLOATS + INTS):
+    return OpSample(name, lambda fd, a, b: getattr(fd.ops, name)(a, b), ref, inputs, dtypes)
+
+
+def _pow_inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
+    if dtype.is_floating_point:
+        return [positive(shape, dtype, g), randn(shape, dtype, g)]
+    return [positive(shape, dtype, g), torch.randint(1, 4, shape, generator=g).to(dtype)]
+
+
+def _row_and_vector(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
+    return [randn(shape, dtype, g), randn(shape[-1:], dtype, g)]
+
+
+def _mixed(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
+    return [randn(shape, dtype, g), randn(shape, F32, g)]
+
+
+BINARY_SAMPLES = [
+    _binary("add", torch.add),
+    _binary("sub", torch.sub),
+    _binary("mul", torch.mul),
+    _binary("div", torch.div),  # true division: int operands give float32
+    _binary("pow", torch.pow, _pow_inputs),
+    _binary("maximum", torch.maximum),
+    _binary("minimum", torch.minimum),
+    *[_binary(n, getattr(torch, n), with_ties) for n in ("eq", "ne", "lt", "le", "gt", "ge")],
+    _binary("logical_and", torch.logical_and, dtypes=(BOOL,)),
+    _binary("logical_or", torch.logical_or, dtypes=(BOOL,)),
+    # numpy broadcasting of a [H] operand against [rows, H], Python scalars, mixed dtypes
+    OpSample(
+        "add_row_bcast", lambda fd, x, v: fd.ops.add(x, v), torch.add, _row_and_vector,
+        FLOATS + INTS, ROW_SHAPES,
+    ),
+    OpSample("mul_scalar", lambda fd, x: x * 0.5, lambda x: x * 0.5, one(), FLOATS + INTS,
+             TENSOR_SHAPES),
+    OpSample("rsub_scalar", lambda fd, x: 2 - x, lambda x: 2 - x, one(), FLOATS + INTS,
+             TENSOR_SHAPES),
+    OpSample("rdiv_scalar", lambda fd, x: 1.5 / x, lambda x: 1.5 / x, one(positive), FLOATS,
+             TENSOR_SHAPES),
+    OpSample("add_mixed_f32", lambda fd, a, b: a + b, torch.add, _mixed, FLOATS[1:] + INTS),
+    OpSample("add_static", lambda fd, a, b: a + b, torch.add, two(), static=True),
+]
+
+
+def _where_inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
+    return [randn(shape, BOOL, g), randn(shape, dtype, g), randn(shape, dtype, g)]
+
+
+def _where_bcast_inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list:
+    return [randn(shape[:-1] + (1,), BOOL, g), randn(shape, dtype, g), randn(shape, dtype, g)]
+
+
+WHERE_SAMPLES = [
+    OpSample("where", lambda fd, c, a, b: fd.ops.where(c, a, b), torch.where, _where_inputs,
+             FLOATS + INTS),
+    OpSample(
+        "where_scalar", lambda fd, c, a, b: fd.ops.where(c, a, 0.0),
+        lambda c, a, b: torch.where(c, a, 0.0), _where_inputs, FLOATS + INTS, TENSOR_SHAPES,
+    ),
+    # the condition is the operand that broadcasts (static: a -1 size is never taken as 1)
+    OpSample("where_bcast_cond", lambda fd, c, a, b: fd.ops.where(c, a, b), torch.where,
+             _where_bcast_inputs, FLOATS, ROW_SHAPES, static=True),
+]
+
+
+def _cast(target: torch.dtype, sources: tuple) -> OpSample:
+    name = f"cast_{dtype_of(target).short}"
+    # scaled so float -> int truncation keeps a spread of values
+    return OpSample(name, lambda fd, x: fd.ops.cast(x, target), lambda x: x.to(target),
+                    one(randn, scale=8.0), sources)
+
+
+CAST_SAMPLES = [
+    _cast(F32, (F16, BF16, I32, BOOL)),
+    _cast(F16, (F32, BF16, I64, BOOL)),
+    _cast(BF16, (F32, F16, BOOL)),
+    _cast(I32, (F32, F16, I64, BOOL)),
+    _cast(I64, (F32, I32, BOOL)),
+    _cast(BOOL, (F32, I32)),
+]
+
+
+def _bcast(name: str, src: Callable[[tuple], tuple], dims: Callable[[tuple], list]) -> OpSample:
+    """broadcast_in_dim of x to the shape of y (y is only there to give the sizes)."""
+
+    def inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
+        return [randn(src(shape), dtype, g), randn(shape, dtype, g)]
+
+    def ref(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        view = [1] * y.dim()
+        for i, d in enumerate(dims(y.shape)):
+            view[d] = x.shape[i]
+        return x.reshape(view).expand(y.shape)
+
+    def build(fd: FusionDefinition, x: Any, y: Any) -> Any:
+        return fd.ops.broadcast_in_dim(x, shape=y.shape, broadcast_dims=dims(y.shape))
+
+    return OpSample(name, build, ref, inputs, FLOATS + (I64, BOOL), ROW_SHAPES)
+
+
+MOVEMENT_SAMPLES = [
+    _bcast("bcast_row", lambda s: s[-1:], lambda s: [len(s) - 1]),
+    _bcast("bcast_col", lambda s: s[:1], lambda s: [0]),
+    _bcast("bcast_size1", lambda s: s[:1] + (1,), lambda s: [0, 1]),
+    _bcast("bcast_scalar", lambda s: (), lambda s: []),
+]
+
+
+def _iota_ref(dim: int, dtype: torch.dtype) -> Callable:
+    def ref(x: torch.Tensor) -> torch.Tensor:
+        view = [1] * x.dim()
+        view[dim] = x.shape[dim]
+        return torch.arange(x.shape[dim], dtype=dtype).reshape(view).expand(x.shape)
+
+    return ref
+
+
+def _iota(name: str, dim: int, dtype: torch.dtype, static: bool = False) -> OpSample:
+    # x only gives the shape (symbolic, or static ints with static=True)
+    return OpSample(
+        name, lambda fd, x: fd.ops.iota(x.shape, dim=dim, dtype=dtype), _iota_ref(dim, dtype),
+        dtypes=(F32,), shapes=((7,), (3, 7), (2, 5140)) if dim == 0 else ((3, 7), (2, 5140)),
+        static=static,
+    )
+
+
+LEAF_SAMPLES = [
+    _iota("iota_dim0_i64", 0, I64),
+    _iota("iota_dim1_i32", 1, I32),
+    _iota("iota_last_f32_static", 1, F32, static=True),
+    OpSample(
+        "iota_plus_x", lambda fd, x: x + fd.ops.cast(fd.ops.iota(x.shape, dim=1), x.dtype),
+        lambda x: x + torch.arange(x.shape[1]).to(x.dtype), dtypes=FLOATS + (I64,),
+        shapes=((3, 7), (2, 5140)),
+    ),
+]
+
+
+def _dims_name(dims: tuple) -> str:
+    return "".join("L" if d == -1 else str(d) for d in dims)
+
+
+def _count(shape: tuple, dims: tuple) -> int:
+    return math.prod(shape[d] for d in dims) if shape else 1
+
+
+def _reduce(op: str, dims: tuple, keep: bool, dtypes: tuple, shapes: tuple = ROW_SHAPES):
+    name = f"{op}_dims{_dims_name(dims)}{'_keep' if keep else ''}"
+    ref = {
+        "sum": lambda x: torch.sum(x, dims, keepdim=keep),
+        "mean": lambda x: torch.mean(x, dims, keepdim=keep),
+        "max": lambda x: torch.amax(x, dims, keepdim=keep),
+        "min": lambda x: torch.amin(x, dims, keepdim=keep),
+    }[op]
+    return OpSample(
+        name, lambda fd, x: getattr(fd.ops, op)(x, dims=list(dims), keepdim=keep), ref,
+        dtypes=dtypes, shapes=shapes, reduced=lambda s: _count(s, dims),
+    )
+
+
+def _reductions(op: str, dtypes: tuple) -> list[OpSample]:
+    return [
+        _reduce(op, (-1,), False, dtypes),
+        _reduce(op, (-1,), True, dtypes),
+        _reduce(op, (0,), False, dtypes),
+        _reduce(op, (0, 1), True, dtypes),
+        _reduce(op, (1,), False, dtypes, SHAPES_3D),
+    ]
+
+
+def _var_mean(dims: tuple, correction: int, keep: bool, shapes: tuple) -> OpSample:
+    name = f"var_mean_dims{_dims_name(dims)}_c{correction}"
+    name += "_keep" if keep else ""
+    return OpSample(
+        name,
+        lambda fd, x: fd.ops.var_mean(x, dims=list(dims), correction=correction, keepdim=keep),
+        lambda x: torch.var_mean(x, dims, correction=correction, keepdim=keep),
+        shapes=shapes, reduced=lambda s: _count(s, dims),
+    )
+
+
+REDUCTION_SAMPLES = [
+    *_reductions("sum", FLOATS + INTS + (BOOL,)),
+    *_reductions("max", FLOATS + INTS),
+    *_reductions("min", FLOATS + INTS),
+    *_reductions("mean", FLOATS),
+    # correction=1 over a single element is 0/0; keep those shapes out of the c1 samples
+    _var_mean((-1,), 1, False, ROW_SHAPES[1:]),
+    _var_mean((-1,), 0, True, ROW_SHAPES),
+    _var_mean((0,), 1, True, ROW_SHAPES),
+    _var_mean((0, 2), 1, False, SHAPES_3D),
+]
+
+
+# -- composites ----------------------------------------------------------------------------
+def _norm_inputs(weight: bool, bias: bool) -> Inputs:
+    def inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
+        # an offset mean and a non-unit spread make the centring and scaling matter
+        xs = [(torch.randn(shape, generator=g) * 2 + 3).to(dtype)]
+        xs += [randn(shape[-1:], dtype, g) for flag in (weight, bias) if flag]
+        return xs
+
+    return inputs
+
+
+def _layer_norm(weight: bool, bias: bool) -> OpSample:
+    name = "layer_norm" + ("_w" if weight else "") + ("_b" if bias else "")
+
+    def build(fd: FusionDefinition, x: Any, *p: Any) -> Any:
+        it = iter(p)
+        w, b = (next(it) if weight else None), (next(it) if bias else None)
+        return fd.ops.layer_norm(x, weight=w, bias=b, eps=1e-5)
+
+    def ref(x: torch.Tensor, *p: torch.Tensor) -> torch.Tensor:
+        it = iter(p)
+        w, b = (next(it) if weight else None), (next(it) if bias else None)
+        return F.layer_norm(x, x.shape[-1:], w, b, eps=1e-5)
+
+    return OpSample(name, build, ref, _norm_inputs(weight, bias), FLOATS, NORM_SHAPES + (
+        (1, 50257),), reduced=_last)
+
+
+def _layer_norm_stats_ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple:
+    # mean and rstd come back in float32 for half inputs, as nvFuser and CUDA ATen give them
+    xf = x.double() if x.dtype == torch.float64 else x.float()
+    mean = xf.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(xf.var(-1, correction=0, keepdim=True) + 1e-3)
+    return F.layer_norm(x, x.shape[-1:], w, b, eps=1e-3), mean, rstd
+
+
+def _rms_norm_ref(x: torch.Tensor, *w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (y * w[0].float() if w else y).to(x.dtype)
+
+
+def _cross_entropy(name: str, ignore_index: int, target_dtype: torch.dtype = I64) -> OpSample:
+    def inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
+        return [randn(shape, dtype, g, scale=3.0), targets(shape, g, ignore_index, target_dtype)]
+
+    def build(fd: FusionDefinition, logits: Any, target: Any) -> Any:
+        return fd.ops.cross_entropy(logits, target, ignore_index=ignore_index)
+
+    def ref(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(logits.float(), target.long(), ignore_index=ignore_index)
+        return loss.to(logits.dtype)
+
+    shapes = ((4, 1), (5, 7), (3, 5140), (2, 50257))
+    return OpSample(name, build, ref, inputs, FLOATS, shapes, reduced=lambda s: s[0] * s[1])
+
+
+def _softmax(op: str, dim: int, shapes: tuple) -> OpSample:
+    ref = torch.softmax if op == "softmax" else torch.log_softmax
+    return OpSample(
+        f"{op}_dim{_dims_name((dim,))}", lambda fd, x: getattr(fd.ops, op)(x, dim=dim),
+        lambda x: ref(x, dim), one(randn, scale=3.0), FLOATS, shapes,
+        reduced=lambda s: s[dim],
+    )
+
+
+COMPOSITE_SAMPLES = [
+    _layer_norm(False, False),
+    _layer_norm(True, False),
+    _layer_norm(False, True),
+    _layer_norm(True, True),
+    OpSample(
+        "layer_norm_mean_rstd",
+        lambda fd, x, w, b: fd.ops.layer_norm(x, w, b, eps=1e-3, return_mean_rstd=True),
+        _layer_norm_stats_ref, _norm_inputs(True, True), FLOATS, NORM_SHAPES, reduced=_last,
+    ),
+    OpSample("layer_norm_static", lambda fd, x: fd.ops.layer_norm(x),
+             lambda x: F.layer_norm(x, x.shape[-1:]), _norm_inputs(False, False), FLOATS,
+             ((3, 7), (2, 5140)), reduced=_last, static=True),
+    OpSample("rms_norm", lambda fd, x: fd.ops.rms_norm(x), _rms_norm_ref,
+             _norm_inputs(False, False), FLOATS, NORM_SHAPES, reduced=_last),
+    OpSample("rms_norm_w", lambda fd, x, w: fd.ops.rms_norm(x, w), _rms_norm_ref,
+             _norm_inputs(True, False), FLOATS, NORM_SHAPES, reduced=_last),
+    OpSample("gelu", lambda fd, x: fd.ops.gelu(x), F.gelu, one(randn, scale=3.0)),
+    OpSample("gelu_tanh", lambda fd, x: fd.ops.gelu(x, approximate="tanh"),
+             lambda x: F.gelu(x, approximate="tanh"), one(randn, scale=3.0)),
+    _softmax("softmax", -1, ROW_SHAPES),
+    _softmax("softmax", 0, ROW_SHAPES),
+    _softmax("softmax", 1, SHAPES_3D),
+    _softmax("log_softmax", -1, ROW_SHAPES),
+    _softmax("log_softmax", 0, ROW_SHAPES),
+    _softmax("log_softmax", 1, SHAPES_3D),
+    _cross_entropy("cross_entropy", -100),
+    _cross_entropy("cross_entropy_ignore3", 3),  # the ignored id is also a real class
+    _cross_entropy("cross_entropy_i32_target", -100, I32),
+]
+
+SAMPLES: list[OpSample] = [
+    *UNARY_SAMPLES,
+    *BINARY_SAMPLES,
+    *WHERE_SAMPLES,
+    *CAST_SAMPLES,
+    *MOVEMENT_SAMPLES,
+    *LEAF_SAMPLES,
+    *REDUCTION_SAMPLES,
+    *COMPOSITE_SAMPLES,
+]
+assert len({s.name for s in SAMPLES}) == len(SAMPLES), "sample names must be unique"
