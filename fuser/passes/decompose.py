@@ -86,7 +86,7 @@ def _layer_norm(ops: Ops, node: Node, x: Tensor, *rest: Tensor) -> list[Tensor]:
     xf = _up(ops, x)
     mean = ops.div(ops.sum(xf, dims=[last]), n)
     d = ops.sub(xf, _row_stat(ops, mean, xf))
-    var = ops.div(ops.sum(ops.mul(d, d), dims=[last]), n - 1)
+    var = ops.div(ops.sum(ops.mul(d, d), dims=[last]), n)
     rstd = ops.rsqrt(ops.add(var, node.attr("eps")))
     y = _affine(ops, ops.mul(d, _row_stat(ops, rstd, xf)), params)
     out = [_down(ops, y, x)]
