@@ -484,6 +484,20 @@ def test_column_max(dtype: torch.dtype) -> None:
     check(fd, [randn(300, 77, dtype=dtype)], "outer_reduction")
 
 
+@pytest.mark.parametrize("cols", [77, 5140, 50257])
+def test_row_max_min(cols: int) -> None:
+    """Row max of negative and min of positive values: the masked lanes of a partial
+    chunk must hold the identity (-inf / +inf), not 0."""
+
+    def build(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.max(fd.ops.sub(x, 10.0), dims=[1]))
+        fd.add_output(fd.ops.min(fd.ops.add(x, 10.0), dims=[1]))
+
+    fd = define(build, "row_max_min")
+    check(fd, [randn(2, cols)], _inner_kind(2, cols))
+
+
 def test_column_mean_3d() -> None:
     """Sum over the two leading dims of [2, 3, H]: an outer reduction over 6 rows."""
     fd = define(lambda fd: fd.add_output(fd.ops.mean(fd.define_tensor([-1, -1, -1]), dims=[0, 1])))
