@@ -226,7 +226,7 @@ def test_casts(src: torch.dtype, dst: torch.dtype) -> None:
         x = fd.define_tensor([-1, -1], src)
         y = fd.ops.cast(x, dst)
         fd.add_output(y)
-        fd.add_output(fd.ops.mul(y, fd.ops.cast(x, dst)))
+        fd.add_output(fd.ops.add(y, fd.ops.cast(x, dst)))
 
     fd = define(build, "casts")
     # scaled so that some values round differently in the two 16-bit formats
