@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import sympy
 import torch
 import torch.nn.functional as F
 
 from fuser import FusionDefinition
-from fuser.ir.dtypes import dtype_of
+from fuser.ir.dtypes import DType, dtype_of
 from fuser.ir.evaluate import tolerance
 from fuser.ir.graph import Graph
 
@@ -140,11 +142,38 @@ class Case:
         return fd
 
     def expected(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """What eager torch computes on `inputs` as they are."""
         out = self.sample.ref(*inputs)
         return list(out) if isinstance(out, tuple) else [out]
 
+    def truth64(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The same torch function on float inputs upcast to float64."""
+        return self.expected([t.double() if t.is_floating_point() else t for t in inputs])
+
+    def truth(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The float64 result rounded once to eager's output dtypes: what a decomposition
+        that computes in float32 and rounds at the end should be within one ulp of (eager
+        half log_softmax on CPU, for one, is not: it is 2-3 ulps off)."""
+        eager = self.expected(inputs)
+        return [t.to(e.dtype) for t, e in zip(self.truth64(inputs), eager)]
+
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
-        return tolerance(dtype_of(dtype), self.sample.reduced(self.shape))
+        return output_tolerance(dtype, self.sample.reduced(self.shape))
+
+
+def output_tolerance(dtype: torch.dtype, reduced: int = 1) -> tuple[float, float]:
+    """(atol, rtol) for an output of `dtype` fed by `reduced` elements.
+
+    Half and bfloat16 results are computed in float32 and rounded once, by eager ATen and
+    by the decompositions alike: they may differ by the float32 error plus one rounding,
+    i.e. one unit in the last place (rtol = eps). A fixed 2e-3 atol would accept anything
+    for softmax over 5140 columns, whose outputs are about 2e-4.
+    """
+    d = dtype_of(dtype)
+    if d in (DType.float16, DType.bfloat16):
+        atol, rtol = tolerance(DType.float32, reduced)
+        return atol, rtol + torch.finfo(dtype).eps
+    return tolerance(d, reduced)
 
 
 def cases(samples: list[OpSample] | None = None) -> list[Case]:
@@ -171,6 +200,17 @@ def binding(graph: Graph, inputs: list[torch.Tensor]) -> dict[sympy.Symbol, int]
     }
 
 
+@contextmanager
+def repro_on_error(case: Case, nodeid: str = "") -> Iterator[None]:
+    """Errors raised inside fuser get the case's repro as their first line too."""
+    try:
+        yield
+    except AssertionError:
+        raise
+    except Exception as e:
+        raise AssertionError(f"{case.repro(nodeid)}\n{type(e).__name__}: {e}") from e
+
+
 def assert_close(actual: list, expected: list, case: Case, what: str, nodeid: str = "") -> None:
     """Compare output lists; the first line of any failure is the case's repro."""
     head = f"{what}: {case.repro(nodeid)}"
@@ -178,9 +218,14 @@ def assert_close(actual: list, expected: list, case: Case, what: str, nodeid: st
     for i, (a, e) in enumerate(zip(actual, expected)):
         atol, rtol = case.tolerance(e.dtype)
         torch.testing.assert_close(
-            a, e, atol=atol, rtol=rtol, equal_nan=True,
-            msg=lambda m, i=i, atol=atol, rtol=rtol: f"{head}\noutput {i} (atol={atol:g}, "
-            f"rtol={rtol:g}): {m}",
+            a,
+            e,
+            atol=atol,
+            rtol=rtol,
+            equal_nan=True,
+            msg=lambda m, i=i, atol=atol, rtol=rtol: (
+                f"{head}\noutput {i} (atol={atol:g}, rtol={rtol:g}): {m}"
+            ),
         )
 
 
@@ -189,11 +234,14 @@ def _last(shape: tuple) -> int:
     return shape[-1] if shape else 1
 
 
-def _unary(name: str, ref: Callable, inputs: Inputs = one(), dtypes: tuple = FLOATS) -> OpSample:
+RANDN, RANDN2 = one(), two()
+
+
+def _unary(name: str, ref: Callable, inputs: Inputs = RANDN, dtypes: tuple = FLOATS) -> OpSample:
     return OpSample(name, lambda fd, x: getattr(fd.ops, name)(x), ref, inputs, dtypes)
 
 
-def _float_unary(name: str, ref: Callable, inputs: Inputs = one()) -> OpSample:
+def _float_unary(name: str, ref: Callable, inputs: Inputs = RANDN) -> OpSample:
     # integer operands promote to float32, as in torch
     return _unary(name, ref, inputs, FLOATS + (I32,))
 
@@ -222,7 +270,7 @@ UNARY_SAMPLES = [
 ]
 
 
-def _binary(name: str, ref: Callable, inputs: Inputs = two(), dtypes: tuple = FLOATS + INTS):
+def _binary(name: str, ref: Callable, inputs: Inputs = RANDN2, dtypes: tuple = FLOATS + INTS):
     return OpSample(name, lambda fd, a, b: getattr(fd.ops, name)(a, b), ref, inputs, dtypes)
 
 
@@ -253,15 +301,27 @@ BINARY_SAMPLES = [
     _binary("logical_or", torch.logical_or, dtypes=(BOOL,)),
     # numpy broadcasting of a [H] operand against [rows, H], Python scalars, mixed dtypes
     OpSample(
-        "add_row_bcast", lambda fd, x, v: fd.ops.add(x, v), torch.add, _row_and_vector,
-        FLOATS + INTS, ROW_SHAPES,
+        "add_row_bcast",
+        lambda fd, x, v: fd.ops.add(x, v),
+        torch.add,
+        _row_and_vector,
+        FLOATS + INTS,
+        ROW_SHAPES,
     ),
-    OpSample("mul_scalar", lambda fd, x: x * 0.5, lambda x: x * 0.5, one(), FLOATS + INTS,
-             TENSOR_SHAPES),
-    OpSample("rsub_scalar", lambda fd, x: 2 - x, lambda x: 2 - x, one(), FLOATS + INTS,
-             TENSOR_SHAPES),
-    OpSample("rdiv_scalar", lambda fd, x: 1.5 / x, lambda x: 1.5 / x, one(positive), FLOATS,
-             TENSOR_SHAPES),
+    OpSample(
+        "mul_scalar", lambda fd, x: x * 0.5, lambda x: x * 0.5, one(), FLOATS + INTS, TENSOR_SHAPES
+    ),
+    OpSample(
+        "rsub_scalar", lambda fd, x: 2 - x, lambda x: 2 - x, one(), FLOATS + INTS, TENSOR_SHAPES
+    ),
+    OpSample(
+        "rdiv_scalar",
+        lambda fd, x: 1.5 / x,
+        lambda x: 1.5 / x,
+        one(positive),
+        FLOATS,
+        TENSOR_SHAPES,
+    ),
     OpSample("add_mixed_f32", lambda fd, a, b: a + b, torch.add, _mixed, FLOATS[1:] + INTS),
     OpSample("add_static", lambda fd, a, b: a + b, torch.add, two(), static=True),
 ]
@@ -276,23 +336,44 @@ def _where_bcast_inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) ->
 
 
 WHERE_SAMPLES = [
-    OpSample("where", lambda fd, c, a, b: fd.ops.where(c, a, b), torch.where, _where_inputs,
-             FLOATS + INTS),
     OpSample(
-        "where_scalar", lambda fd, c, a, b: fd.ops.where(c, a, 0.0),
-        lambda c, a, b: torch.where(c, a, 0.0), _where_inputs, FLOATS + INTS, TENSOR_SHAPES,
+        "where",
+        lambda fd, c, a, b: fd.ops.where(c, a, b),
+        torch.where,
+        _where_inputs,
+        FLOATS + INTS,
+    ),
+    OpSample(
+        "where_scalar",
+        lambda fd, c, a, b: fd.ops.where(c, a, 0.0),
+        lambda c, a, b: torch.where(c, a, 0.0),
+        _where_inputs,
+        FLOATS + INTS,
+        TENSOR_SHAPES,
     ),
     # the condition is the operand that broadcasts (static: a -1 size is never taken as 1)
-    OpSample("where_bcast_cond", lambda fd, c, a, b: fd.ops.where(c, a, b), torch.where,
-             _where_bcast_inputs, FLOATS, ROW_SHAPES, static=True),
+    OpSample(
+        "where_bcast_cond",
+        lambda fd, c, a, b: fd.ops.where(c, a, b),
+        torch.where,
+        _where_bcast_inputs,
+        FLOATS,
+        ROW_SHAPES,
+        static=True,
+    ),
 ]
 
 
 def _cast(target: torch.dtype, sources: tuple) -> OpSample:
     name = f"cast_{dtype_of(target).short}"
     # scaled so float -> int truncation keeps a spread of values
-    return OpSample(name, lambda fd, x: fd.ops.cast(x, target), lambda x: x.to(target),
-                    one(randn, scale=8.0), sources)
+    return OpSample(
+        name,
+        lambda fd, x: fd.ops.cast(x, target),
+        lambda x: x.to(target),
+        one(randn, scale=8.0),
+        sources,
+    )
 
 
 CAST_SAMPLES = [
@@ -343,8 +424,11 @@ def _iota_ref(dim: int, dtype: torch.dtype) -> Callable:
 def _iota(name: str, dim: int, dtype: torch.dtype, static: bool = False) -> OpSample:
     # x only gives the shape (symbolic, or static ints with static=True)
     return OpSample(
-        name, lambda fd, x: fd.ops.iota(x.shape, dim=dim, dtype=dtype), _iota_ref(dim, dtype),
-        dtypes=(F32,), shapes=((7,), (3, 7), (2, 5140)) if dim == 0 else ((3, 7), (2, 5140)),
+        name,
+        lambda fd, x: fd.ops.iota(x.shape, dim=dim, dtype=dtype),
+        _iota_ref(dim, dtype),
+        dtypes=(F32,),
+        shapes=((7,), (3, 7), (2, 5140)) if dim == 0 else ((3, 7), (2, 5140)),
         static=static,
     )
 
@@ -354,9 +438,11 @@ LEAF_SAMPLES = [
     _iota("iota_dim1_i32", 1, I32),
     _iota("iota_last_f32_static", 1, F32, static=True),
     OpSample(
-        "iota_plus_x", lambda fd, x: x + fd.ops.cast(fd.ops.iota(x.shape, dim=1), x.dtype),
-        lambda x: x + torch.arange(x.shape[1]).to(x.dtype), dtypes=FLOATS + (I64,),
-        shapes=((3, 7), (2, 5140)),
+        "iota_plus_x",
+        lambda fd, x: x + fd.ops.cast(fd.ops.iota(x.shape, dim=1), x.dtype),
+        lambda x: x + torch.arange(x.shape[1]).to(x.dtype),
+        dtypes=FLOATS + (I64,),
+        shapes=((3, 7), (2, 255)),  # bfloat16 holds integers exactly up to 256
     ),
 ]
 
@@ -378,8 +464,12 @@ def _reduce(op: str, dims: tuple, keep: bool, dtypes: tuple, shapes: tuple = ROW
         "min": lambda x: torch.amin(x, dims, keepdim=keep),
     }[op]
     return OpSample(
-        name, lambda fd, x: getattr(fd.ops, op)(x, dims=list(dims), keepdim=keep), ref,
-        dtypes=dtypes, shapes=shapes, reduced=lambda s: _count(s, dims),
+        name,
+        lambda fd, x: getattr(fd.ops, op)(x, dims=list(dims), keepdim=keep),
+        ref,
+        dtypes=dtypes,
+        shapes=shapes,
+        reduced=lambda s: _count(s, dims),
     )
 
 
@@ -400,7 +490,8 @@ def _var_mean(dims: tuple, correction: int, keep: bool, shapes: tuple) -> OpSamp
         name,
         lambda fd, x: fd.ops.var_mean(x, dims=list(dims), correction=correction, keepdim=keep),
         lambda x: torch.var_mean(x, dims, correction=correction, keepdim=keep),
-        shapes=shapes, reduced=lambda s: _count(s, dims),
+        shapes=shapes,
+        reduced=lambda s: _count(s, dims),
     )
 
 
@@ -441,22 +532,32 @@ def _layer_norm(weight: bool, bias: bool) -> OpSample:
         w, b = (next(it) if weight else None), (next(it) if bias else None)
         return F.layer_norm(x, x.shape[-1:], w, b, eps=1e-5)
 
-    return OpSample(name, build, ref, _norm_inputs(weight, bias), FLOATS, NORM_SHAPES + (
-        (1, 50257),), reduced=_last)
+    return OpSample(
+        name,
+        build,
+        ref,
+        _norm_inputs(weight, bias),
+        FLOATS,
+        NORM_SHAPES + ((1, 50257),),
+        reduced=_last,
+    )
+
+
+def _acc(x: torch.Tensor) -> torch.Tensor:
+    """x in the dtype ATen accumulates it in: float64 stays, the rest go to float32."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def _layer_norm_stats_ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple:
     # mean and rstd come back in float32 for half inputs, as nvFuser and CUDA ATen give them
-    xf = x.double() if x.dtype == torch.float64 else x.float()
+    xf = _acc(x)
     mean = xf.mean(-1, keepdim=True)
     rstd = torch.rsqrt(xf.var(-1, correction=0, keepdim=True) + 1e-3)
     return F.layer_norm(x, x.shape[-1:], w, b, eps=1e-3), mean, rstd
 
 
 def _rms_norm_ref(x: torch.Tensor, *w: torch.Tensor) -> torch.Tensor:
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
-    return (y * w[0].float() if w else y).to(x.dtype)
+    return F.rms_norm(x, x.shape[-1:], w[0] if w else None, eps=1e-6)
 
 
 def _cross_entropy(name: str, ignore_index: int, target_dtype: torch.dtype = I64) -> OpSample:
@@ -467,7 +568,7 @@ def _cross_entropy(name: str, ignore_index: int, target_dtype: torch.dtype = I64
         return fd.ops.cross_entropy(logits, target, ignore_index=ignore_index)
 
     def ref(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(logits.float(), target.long(), ignore_index=ignore_index)
+        loss = F.cross_entropy(_acc(logits), target.long(), ignore_index=ignore_index)
         return loss.to(logits.dtype)
 
     shapes = ((4, 1), (5, 7), (3, 5140), (2, 50257))
@@ -477,8 +578,12 @@ def _cross_entropy(name: str, ignore_index: int, target_dtype: torch.dtype = I64
 def _softmax(op: str, dim: int, shapes: tuple) -> OpSample:
     ref = torch.softmax if op == "softmax" else torch.log_softmax
     return OpSample(
-        f"{op}_dim{_dims_name((dim,))}", lambda fd, x: getattr(fd.ops, op)(x, dim=dim),
-        lambda x: ref(x, dim), one(randn, scale=3.0), FLOATS, shapes,
+        f"{op}_dim{_dims_name((dim,))}",
+        lambda fd, x: getattr(fd.ops, op)(x, dim=dim),
+        lambda x: ref(x, dim),
+        one(randn, scale=3.0),
+        FLOATS,
+        shapes,
         reduced=lambda s: s[dim],
     )
 
@@ -491,18 +596,47 @@ COMPOSITE_SAMPLES = [
     OpSample(
         "layer_norm_mean_rstd",
         lambda fd, x, w, b: fd.ops.layer_norm(x, w, b, eps=1e-3, return_mean_rstd=True),
-        _layer_norm_stats_ref, _norm_inputs(True, True), FLOATS, NORM_SHAPES, reduced=_last,
+        _layer_norm_stats_ref,
+        _norm_inputs(True, True),
+        FLOATS,
+        NORM_SHAPES,
+        reduced=_last,
     ),
-    OpSample("layer_norm_static", lambda fd, x: fd.ops.layer_norm(x),
-             lambda x: F.layer_norm(x, x.shape[-1:]), _norm_inputs(False, False), FLOATS,
-             ((3, 7), (2, 5140)), reduced=_last, static=True),
-    OpSample("rms_norm", lambda fd, x: fd.ops.rms_norm(x), _rms_norm_ref,
-             _norm_inputs(False, False), FLOATS, NORM_SHAPES, reduced=_last),
-    OpSample("rms_norm_w", lambda fd, x, w: fd.ops.rms_norm(x, w), _rms_norm_ref,
-             _norm_inputs(True, False), FLOATS, NORM_SHAPES, reduced=_last),
+    OpSample(
+        "layer_norm_static",
+        lambda fd, x: fd.ops.layer_norm(x),
+        lambda x: F.layer_norm(x, x.shape[-1:]),
+        _norm_inputs(False, False),
+        FLOATS,
+        ((3, 7), (2, 5140)),
+        reduced=_last,
+        static=True,
+    ),
+    OpSample(
+        "rms_norm",
+        lambda fd, x: fd.ops.rms_norm(x),
+        _rms_norm_ref,
+        _norm_inputs(False, False),
+        FLOATS,
+        NORM_SHAPES,
+        reduced=_last,
+    ),
+    OpSample(
+        "rms_norm_w",
+        lambda fd, x, w: fd.ops.rms_norm(x, w),
+        _rms_norm_ref,
+        _norm_inputs(True, False),
+        FLOATS,
+        NORM_SHAPES,
+        reduced=_last,
+    ),
     OpSample("gelu", lambda fd, x: fd.ops.gelu(x), F.gelu, one(randn, scale=3.0)),
-    OpSample("gelu_tanh", lambda fd, x: fd.ops.gelu(x, approximate="tanh"),
-             lambda x: F.gelu(x, approximate="tanh"), one(randn, scale=3.0)),
+    OpSample(
+        "gelu_tanh",
+        lambda fd, x: fd.ops.gelu(x, approximate="tanh"),
+        lambda x: F.gelu(x, approximate="tanh"),
+        one(randn, scale=3.0),
+    ),
     _softmax("softmax", -1, ROW_SHAPES),
     _softmax("softmax", 0, ROW_SHAPES),
     _softmax("softmax", 1, SHAPES_3D),

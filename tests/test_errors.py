@@ -3,7 +3,7 @@ operand and what was expected."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -83,7 +83,9 @@ def _unsupported_dtype():
 DTYPE_ERRORS = {
     "where-float-condition": (_bad_where, DTypeError, ["where", "t0", "float32", "bool"]),
     "cross_entropy-float-target": (
-        _ce_float_target, DTypeError, ["cross_entropy", "target t1", "float32", "int64"],
+        _ce_float_target,
+        DTypeError,
+        ["cross_entropy", "target t1", "float32", "int64"],
     ),
     "cross_entropy-int-logits": (_ce_int_logits, DTypeError, ["cross_entropy", "t0", "float"]),
     "layer_norm-int": (_layer_norm_int, DTypeError, ["layer_norm", "t0", "int32", "float"]),
@@ -157,22 +159,32 @@ SHAPE_ERRORS = {
     "where-[4,5]-[4,6]": (_where_mismatch, ShapeError, ["where", "[4, 5]", "[4, 6]"]),
     "broadcast-rank": (_bcast([3, 4], [0, 1]), ShapeError, ["broadcast_in_dim", "t0", "rank 1"]),
     "broadcast-dim-range": (
-        _bcast([3, 4], [2]), ShapeError, ["broadcast_in_dim", "[2]", "output rank 2", "t0"],
+        _bcast([3, 4], [2]),
+        ShapeError,
+        ["broadcast_in_dim", "[2]", "output rank 2", "t0"],
     ),
     "broadcast-dims-order": (
-        _bcast([4, 4, 4], [1, 0], (4, 4)), ShapeError, ["broadcast_in_dim", "increasing"],
+        _bcast([4, 4, 4], [1, 0], (4, 4)),
+        ShapeError,
+        ["broadcast_in_dim", "increasing"],
     ),
     "broadcast-size": (
-        _bcast([3, 5], [1]), ShapeError, ["broadcast_in_dim", "t0", "size 4", "expected 1 or 5"],
+        _bcast([3, 5], [1]),
+        ShapeError,
+        ["broadcast_in_dim", "t0", "size 4", "expected 1 or 5"],
     ),
     "sum-dim-range": (_sum_bad_dim, ShapeError, ["sum", "dim 2", "t0", "rank 2"]),
     "sum-dim-repeated": (_sum_repeated_dim, ShapeError, ["sum", "repeated", "t0"]),
     "softmax-dim-range": (_softmax_bad_dim, ShapeError, ["softmax", "dim -3", "t0"]),
     "layer_norm-weight": (
-        _layer_norm_weight, ShapeError, ["layer_norm", "parameter t1", "[6]", "expected [5]"],
+        _layer_norm_weight,
+        ShapeError,
+        ["layer_norm", "parameter t1", "[6]", "expected [5]"],
     ),
     "cross_entropy-rows": (
-        _ce_rows, ShapeError, ["cross_entropy", "target t1", "[3]", "expected [4]"],
+        _ce_rows,
+        ShapeError,
+        ["cross_entropy", "target t1", "[3]", "expected [4]"],
     ),
     "cross_entropy-rank": (_ce_rank, ShapeError, ["cross_entropy", "logits t0", "rank 3"]),
     "iota-dim": (_iota_dim, ShapeError, ["iota", "dim 2", "[4, 5]"]),
@@ -271,24 +283,34 @@ def _unknown_layout_arg():
 
 DEFINITION_ERRORS = {
     "operand-from-another-fd": (
-        _foreign_operand, DefinitionError, ["add", "operand 1", "t0", "another FusionDefinition"],
+        _foreign_operand,
+        DefinitionError,
+        ["add", "operand 1", "t0", "another FusionDefinition"],
     ),
     "unary-operand-from-another-fd": (
-        _foreign_unary, DefinitionError, ["exp", "operand 0", "another FusionDefinition"],
+        _foreign_unary,
+        DefinitionError,
+        ["exp", "operand 0", "another FusionDefinition"],
     ),
     "torch-tensor-operand": (
-        _torch_operand, DefinitionError, ["mul", "operand 1", "Tensor", "fuser Tensor"],
+        _torch_operand,
+        DefinitionError,
+        ["mul", "operand 1", "Tensor", "fuser Tensor"],
     ),
     "string-operand": (_string_operand, DefinitionError, ["add", "operand 1", "str", "number"]),
     "no-outputs": (_no_outputs, DefinitionError, ["no outputs", "add_output"]),
     "input-as-output": (_input_as_output, DefinitionError, ["add_output", "t0", "input"]),
     "output-from-another-fd": (
-        _foreign_output, DefinitionError, ["add_output", "t0", "not a tensor of this"],
+        _foreign_output,
+        DefinitionError,
+        ["add_output", "t0", "not a tensor of this"],
     ),
     "op-after-finalize": (_op_after_finalize, DefinitionError, ["neg", "finalized", "with"]),
     "operator-after-finalize": (_operator_after_finalize, DefinitionError, ["finalized"]),
     "define-after-finalize": (
-        _define_after_finalize, DefinitionError, ["done", "finalized", "with"],
+        _define_after_finalize,
+        DefinitionError,
+        ["done", "finalized", "with"],
     ),
     "output-after-finalize": (_output_after_finalize, DefinitionError, ["finalized"]),
     "define_scalar-string": (_scalar_not_number, DefinitionError, ["define_scalar", "'2.0'"]),
@@ -362,7 +384,11 @@ def test_symbolic_sizes_that_conflict_name_the_node(vector_first: bool) -> None:
     assert fd.reference([_x(1, dtype=F32), _x(3, 5, dtype=F32)])[0].shape == (3, 5)
     message = expect(
         lambda: fd.bind([_x(4, dtype=F32), _x(3, 5, dtype=F32)]),
-        VerificationError, "broadcast_in_dim(t0)", "t0", "size 4", "expected 1 or 5",
+        VerificationError,
+        "broadcast_in_dim(t0)",
+        "t0",
+        "size 4",
+        "expected 1 or 5",
     )
     assert message.startswith("[definition+concrete] node `t2 = broadcast_in_dim(t0)`")
 
@@ -375,7 +401,11 @@ def test_symbolic_sizes_that_conflict_between_operands_of_one_rank() -> None:
     # -1 sizes may turn out to be 1, so b is broadcast to a's sizes; that node reports it
     expect(
         lambda: fd.reference([_x(3, 5, dtype=F32), _x(3, 6, dtype=F32)]),
-        VerificationError, "`t2 = broadcast_in_dim(t1)`", "t1", "size 6", "expected 1 or 5",
+        VerificationError,
+        "`t2 = broadcast_in_dim(t1)`",
+        "t1",
+        "size 6",
+        "expected 1 or 5",
     )
 
 
@@ -386,7 +416,11 @@ def test_symbolic_size_conflict_with_a_parameter() -> None:
         fd.add_output(fd.ops.layer_norm(x, weight=w))
     expect(
         lambda: fd.reference([_x(3, 5), _x(6)]),
-        VerificationError, "layer_norm(t0, t1)", "parameter t1", "[6]", "expected [5]",
+        VerificationError,
+        "layer_norm(t0, t1)",
+        "parameter t1",
+        "[6]",
+        "expected [5]",
     )
 
 
@@ -413,11 +447,15 @@ BAD_GRAPHS = {
         ["`t2 = exp(t1)`", "uses t1", "not defined before"],
     ),
     "wrong-output-dtype": (
-        Graph((X,), (_exp(X, Value(1, (4, 5), DType.float16)),), (Value(1, (4, 5), DType.float16),)),
+        Graph(
+            (X,), (_exp(X, Value(1, (4, 5), DType.float16)),), (Value(1, (4, 5), DType.float16),)
+        ),
         ["`t1 = exp(t0)`", "output t1", "float16", "expected float32"],
     ),
     "wrong-output-shape": (
-        Graph((X,), (_exp(X, Value(1, (5, 4), DType.float32)),), (Value(1, (5, 4), DType.float32),)),
+        Graph(
+            (X,), (_exp(X, Value(1, (5, 4), DType.float32)),), (Value(1, (5, 4), DType.float32),)
+        ),
         ["`t1 = exp(t0)`", "output t1", "[5, 4]", "expected float32[4, 5]"],
     ),
     "output-never-computed": (
@@ -458,4 +496,3 @@ def test_verifier_accepts_what_it_should() -> None:
     assert verify(good) is good
     # an input may be an output after passes remove every node in between
     assert verify(Graph((X,), (), (X,))).outputs == (X,)
-

@@ -102,7 +102,8 @@ HAND_WRITTEN = {  # name: (make the fusion, make inputs for it)
     "seed": (seed_layernorm_fusion, lambda: seed_inputs(2, 9)),
     "var_mean": (fd_var_mean, lambda: [_rand(3, 4, 5, dtype=torch.bfloat16)]),
     "layer_norm_mean_rstd": (
-        fd_layer_norm_stats, lambda: [_rand(3, 768, dtype=F16), _rand(768, dtype=F16)],
+        fd_layer_norm_stats,
+        lambda: [_rand(3, 768, dtype=F16), _rand(768, dtype=F16)],
     ),
     "scalars": (fd_scalars, lambda: [_with_nan(_rand(3, 7, dtype=torch.float32))]),
     "interleaved": (fd_interleaved, lambda: [_rand(3, 7, dtype=F16), _rand(7, dtype=F16)]),
@@ -170,5 +171,6 @@ def test_pipeline_stages_print_and_rebuild(make, make_inputs) -> None:
         again = rebuild(graph_repro(stage))
         want = evaluate(concretize(stage, binding(stage, inputs)), inputs)
         got = again.reference(inputs)
+        where = stage.origin
         for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, equal_nan=True, msg=lambda m: f"{stage.origin}: {m}")
+            torch.testing.assert_close(g, w, equal_nan=True, msg=lambda m, s=where: f"{s}: {m}")
