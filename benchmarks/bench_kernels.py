@@ -193,9 +193,9 @@ def main() -> None:
         compiled = torch.compile(eager)
         compiled(*ins)
         impls = {
-            "fuser-triton": lambda: fd.execute(ins),
-            "eager": lambda: eager(*ins),
-            "compile": lambda: compiled(*ins),
+            "fuser-triton": lambda fd=fd, ins=ins: fd.execute(ins),
+            "eager": lambda eager=eager, ins=ins: eager(*ins),
+            "compile": lambda compiled=compiled, ins=ins: compiled(*ins),
         }
         k = fd.kernels
         res = []

@@ -150,7 +150,7 @@ class FusionDefinition:
     ) -> list[Any]:
         """Choose schedules and render source for `inputs` (tensors or meta tensors) without
         running anything; `device` names a GPU preset ("h100", "h200", "a100")."""
-        return self._runtime().compile(list(inputs), backend, device).kernels
+        return self._runtime().compile(list(inputs), backend, device)
 
     @property
     def kernels(self) -> list[Any]:

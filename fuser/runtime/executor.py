@@ -255,15 +255,8 @@ class FusionExecutor:
         cf = self._get(inputs, backend, None)
         return cf.run(inputs)
 
-    def compile(self, inputs: list[Any], backend: str | None, device: str | None) -> Any:
-        dev = get_device(device)
-        cf = self._get(inputs, backend, dev)
-
-        class Compiled:
-            kernels = list(cf.kernels.values())
-            plan = cf
-
-        return Compiled
+    def compile(self, inputs: list[Any], backend: str | None, device: str | None) -> list[Kernel]:
+        return list(self._get(inputs, backend, get_device(device)).kernels.values())
 
     def last_kernels(self) -> list[Kernel]:
         return list(self.last.kernels.values()) if self.last else []

@@ -8,8 +8,16 @@ from typing import Any
 import torch
 
 from fuser.codegen.triton.kernels import workspaces
+from fuser.ir.dtypes import DType
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import KernelSpec
+
+
+def accumulator_dtype(dtype: DType) -> torch.dtype:
+    """The dtype reductions accumulate in (the generated kernels' _acc_dtype)."""
+    if dtype == DType.float64:
+        return torch.float64
+    return torch.float32 if dtype.is_float else torch.int64
 
 
 @dataclass
@@ -27,16 +35,15 @@ class Kernel:
     def name(self) -> str:
         return self.spec.name
 
-    @property
-    def shapes(self) -> list[list[int]]:
-        """The logical shape of every argument (outputs are allocated with these)."""
-        if not hasattr(self, "_shapes"):
-            self._shapes = [[int(d) for d in a.value.shape] for a in self.spec.args]
-        return self._shapes
-
-    @property
-    def workspaces(self) -> list[str]:
-        return workspaces(self.spec, self.schedule)
+    def __post_init__(self) -> None:
+        # derived once here, not per launch: the hot path only reads them
+        self.shapes = [[int(d) for d in a.value.shape] for a in self.spec.args]
+        self.workspaces = workspaces(self.spec, self.schedule)
+        self.workspace_dtypes = (
+            [accumulator_dtype(n.inputs[0].dtype) for n in self.spec.reductions]
+            if self.workspaces
+            else []
+        )
 
     def launch(self, tensors: list[torch.Tensor]) -> None:
         """Run on `tensors` (the spec's args, in order) on torch's current stream."""
@@ -68,20 +75,8 @@ class Kernel:
             self._compiled, self._finalize = first, fin
 
     def _workspace_tensors(self, device: torch.device) -> list[torch.Tensor]:
-        out = []
-        for red in self.spec.reductions if self.workspaces else ():
-            x = red.inputs[0].dtype
-            dt = (
-                torch.float64
-                if x.value == "float64"
-                else torch.float32
-                if x.is_float
-                else torch.int64
-            )
-            out.append(
-                torch.empty(self.schedule.split_rows * self.spec.cols, dtype=dt, device=device)
-            )
-        return out
+        n = self.schedule.split_rows * self.spec.cols
+        return [torch.empty(n, dtype=dt, device=device) for dt in self.workspace_dtypes]
 
     def resources(self, arch: str = "sm_90") -> dict:
         """Registers, spill/stack bytes and shared memory the real compiler reports."""

@@ -69,7 +69,10 @@ def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
 
 def _job(kernel: Any, arch: str) -> dict:
     sig = {f"{a.name}_ptr": TL_PTR[a.dtype.value] for a in kernel.spec.args}
-    sig.update({f"{w}_ptr": "*fp32" for w in kernel.workspaces})
+    ptr = {"torch.float32": "*fp32", "torch.float64": "*fp64", "torch.int64": "*i64"}
+    sig.update(
+        {f"{w}_ptr": ptr[str(dt)] for w, dt in zip(kernel.workspaces, kernel.workspace_dtypes)}
+    )
     sig["n_rows"] = "i32"
     aligned = [i for i, a in enumerate(kernel.spec.args) if a.align == 16]
     aligned += [len(kernel.spec.args) + i for i in range(len(kernel.workspaces))]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from fuser.schedulers.device import Device
 from fuser.schedulers.registers import estimate_registers
 from fuser.schedulers.schedule import Estimate, Schedule
 from fuser.schedulers.spec import KernelSpec
-from fuser.segmenter import Kind
 
 # A persistent row keeps at most this many buffer registers per thread; beyond it the
 # row is looped instead (nvFuser budgets about half of the 255 for buffers).
@@ -113,8 +113,6 @@ def schedule_pointwise(spec: KernelSpec, dev: Device) -> Schedule:
 
 
 def _with(s: Schedule, est: Estimate, reasons: list[str]) -> Schedule:
-    from dataclasses import replace
-
     return replace(s, estimate=est, reasons=tuple(reasons)).validate()
 
 
@@ -293,6 +291,3 @@ def choose_schedule(spec: KernelSpec, dev: Device) -> Schedule:
     if spec.layout.inner:
         return schedule_inner(spec, dev)
     return schedule_pointwise(spec, dev)
-
-
-__all__ = ["Kind", "choose_schedule"]

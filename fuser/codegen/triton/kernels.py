@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from fuser.codegen.triton.render import (
+    REDUCE_FN,
     TL_DTYPE,
     Chunk,
     TritonKernelWriter,
@@ -59,10 +62,6 @@ def _chunk_of(kw: TritonKernelWriter, index: int | None, offset: int | str, widt
     return Chunk(index, off, width, masked)
 
 
-def _reduce_name(node: Node) -> str:
-    return node.out.name
-
-
 def inner_persistent(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     chunks = [_chunk_of(kw, i, off, width) for i, (off, width) in enumerate(s.chunks())]
@@ -81,7 +80,7 @@ def inner_persistent(kw: TritonKernelWriter) -> str:
             if node.op in REDUCE:
                 for c in chunks:
                     em.ensure_inputs(node, c)
-                terms = [kw.reduce_term(node, c, axis=1) for c in chunks]
+                terms = [kw.reduce_term(node, c) for c in chunks]
                 expr = terms[0]
                 for t in terms[1:]:
                     expr = kw.combine(node.op, expr, t)
@@ -137,28 +136,25 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                 with w.block(f"for off in range(0, {full_end}, {width}):"):
                     kw.col_setup(body)
                     em = Emitter(kw)
-                    em.done |= {k for k in scalar_em.done}
+                    em.done |= scalar_em.done
                     for n in cone:
                         em.node(n, body)
                     for n in reds:
                         em.ensure_inputs(n, body)
-                        x = (
-                            f"tl.broadcast_to({kw.name(n.inputs[0], body)}.to("
-                            f"{_acc_dtype(n.inputs[0].dtype)}), ({s.rows_per_block}, {width}))"
-                        )
+                        x = kw.reduce_operand(n, body, None)
                         w.line(f"acc_{n.out.name} = {kw.combine(n.op, f'acc_{n.out.name}', x)}")
             for n in reds:
-                fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[n.op.value]
+                fn = REDUCE_FN[n.op]
                 w.line(f"{n.out.name} = {fn}(acc_{n.out.name}, axis=1, keep_dims=True)")
             if tail:
                 kw.col_setup(tail_chunk)
                 em = Emitter(kw)
-                em.done |= {k for k in scalar_em.done}
+                em.done |= scalar_em.done
                 for n in cone:
                     em.node(n, tail_chunk)
                 for n in reds:
                     em.ensure_inputs(n, tail_chunk)
-                    term = kw.reduce_term(n, tail_chunk, axis=1)
+                    term = kw.reduce_term(n, tail_chunk)
                     w.line(f"{n.out.name} = {kw.combine(n.op, n.out.name, term)}")
             for n in reds:
                 w.line(f"{n.out.name} = {n.out.name}.to({TL_DTYPE[n.out.dtype]})")
@@ -173,24 +169,13 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                 if not ctx:
                     continue
                 header = f"for off in range(0, {full_end}, {width}):" if chunk is body else None
-                with w.block(header) if header else _nullblock(w):
+                with w.block(header) if header else nullcontext():
                     kw.col_setup(chunk)
                     em = Emitter(kw)
-                    em.done |= {k for k in scalar_em.done}
+                    em.done |= scalar_em.done
                     for n in cone:
                         em.node(n, chunk)
     return w.text()
-
-
-class _nullblock:
-    def __init__(self, w):
-        self.w = w
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
 
 
 def pointwise(kw: TritonKernelWriter) -> str:
@@ -253,14 +238,13 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                 if n.op in REDUCE:
                     inner.ensure_inputs(n, chunk)
                     # acc keeps the rows apart; they are folded once after the loop
-                    w.line(
-                        f"acc_{n.out.name} = "
-                        f"{kw.combine(n.op, f'acc_{n.out.name}', _masked(kw, n, chunk))}"
-                    )
+                    x = kw.reduce_operand(n, chunk, kw.mask(Kind.FULL, chunk))
+                    acc = f"acc_{n.out.name}"
+                    w.line(f"{acc} = {kw.combine(n.op, acc, x)}")
                 elif spec.kinds.get(n.out.id) in (Kind.FULL, Kind.ROW):
                     inner.node(n, chunk)
         for n in reds:
-            fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[n.op.value]
+            fn = REDUCE_FN[n.op]
             w.line(f"{n.out.name} = {fn}(acc_{n.out.name}, axis=0, keep_dims=True)")
         if split > 1:
             for n, name in zip(reds, ws):
@@ -283,7 +267,7 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
             fin = Emitter(kw)
             for n, name in zip(reds, ws):
                 m = f"(parts < {split})" + (" & col_ok" if chunk.masked else "")
-                fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[n.op.value]
+                fn = REDUCE_FN[n.op]
                 w.line(
                     f"{n.out.name} = {fn}(tl.load({name}_ptr + parts * {spec.cols} + cols, "
                     f"mask={m}, other={_identity(n.op, n.inputs[0].dtype)}), axis=0, "
@@ -291,14 +275,6 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                 )
             _epilogue(kw, fin, reds, chunk)
     return w.text()
-
-
-def _masked(kw: TritonKernelWriter, n: Node, chunk: Chunk) -> str:
-    x = n.inputs[0]
-    acc = _acc_dtype(x.dtype)
-    val = f"tl.broadcast_to({kw.name(x, chunk)}.to({acc}), ({kw.s.rows_per_block}, {kw.s.chunk}))"
-    m = kw.mask(Kind.FULL, chunk)
-    return f"tl.where({m}, {val}, {_identity(n.op, x.dtype)})" if m else val
 
 
 def _epilogue(kw: TritonKernelWriter, em: Emitter, reds: list[Node], chunk: Chunk) -> None:

@@ -14,6 +14,7 @@ from fuser.codegen.header import header_lines
 from fuser.codegen.triton.templates import (
     FLOAT_MATH,
     HELPERS,
+    REDUCE_FN,
     TL_DTYPE,
     helper_names,
     render_op,
@@ -128,8 +129,8 @@ class TritonKernelWriter:
         args = [self.name(v, chunk) for v in node.inputs]
         if node.op == Op.CAST:
             expr = f"{args[0]}.to({TL_DTYPE[out.dtype]})"
-            if node.inputs[0].id in self.consts:
-                expr = args[0] if out.dtype.is_float or out.dtype == DType.bool else args[0]
+            if node.inputs[0].id in self.consts:  # fold: the literal in the new dtype
+                expr = _literal(self.consts[node.inputs[0].id].attr("value"), out.dtype)
         else:
             half = out.dtype in (DType.float16, DType.bfloat16)
             if half and node.op in FLOAT_MATH:
@@ -164,21 +165,21 @@ class TritonKernelWriter:
         else:
             raise CompileError(f"cannot render {node.op.value} for triton here")
 
-    def reduce_term(self, node: Node, chunk: Chunk | None, axis: int) -> str:
-        """The partial reduction of one chunk of the reduced value."""
-        x, op = node.inputs[0], node.op
-        val = self.name(x, chunk)
-        acc = _acc_dtype(x.dtype)
-        val = f"{val}.to({acc})"
-        shape = self.tile_shape(chunk)
-        val = f"tl.broadcast_to({val}, {shape})"
-        m = self.mask(Kind.FULL, chunk) if axis == 1 else self.mask(Kind.FULL, chunk)
-        if chunk is not None and chunk.masked and axis == 1:
-            val = f"tl.where(col_ok{chunk.suffix()}, {val}, {_identity(op, x.dtype)})"
-        elif axis == 0 and m:
-            val = f"tl.where({m}, {val}, {_identity(op, x.dtype)})"
-        fn = {Op.SUM: "tl.sum", Op.MAX: "tl.max", Op.MIN: "tl.min"}[op]
-        return f"{fn}({val}, axis={axis}, keep_dims=True)"
+    def reduce_operand(self, node: Node, chunk: Chunk | None, mask: str | None) -> str:
+        """The reduced value of one tile, widened to the accumulator dtype, with masked
+        lanes set to the reduction's identity."""
+        x = node.inputs[0]
+        val = (
+            f"tl.broadcast_to({self.name(x, chunk)}.to({_acc_dtype(x.dtype)}), "
+            f"{self.tile_shape(chunk)})"
+        )
+        return f"tl.where({mask}, {val}, {_identity(node.op, x.dtype)})" if mask else val
+
+    def reduce_term(self, node: Node, chunk: Chunk | None) -> str:
+        """One chunk's partial reduction along the row."""
+        mask = f"col_ok{chunk.suffix()}" if chunk is not None and chunk.masked else None
+        operand = self.reduce_operand(node, chunk, mask)
+        return f"{REDUCE_FN[node.op]}({operand}, axis=1, keep_dims=True)"
 
     def tile_shape(self, chunk: Chunk | None) -> str:
         width = chunk.width if chunk else self.s.chunk

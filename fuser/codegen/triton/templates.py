@@ -58,6 +58,8 @@ BINARY: dict[Op, E] = {
     Op.LOGICAL_AND: lambda a, b: f"({a} & {b})",
     Op.LOGICAL_OR: lambda a, b: f"({a} | {b})",
 }
+REDUCE_FN = {Op.SUM: "tl.sum", Op.MAX: "tl.max", Op.MIN: "tl.min"}
+
 # ops that compute in float32 when their dtype is half or bfloat16
 FLOAT_MATH = set(UNARY) | {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW}
 
