@@ -688,13 +688,7 @@ def test_layer_norm_nan_row(cols: int) -> None:
     assert out[0][2].isnan().all() and not out[0][:2].isnan().any()
 
 
-MAX_NAN_BUG = (
-    "max/min reductions drop NaN: the final tl.max/tl.min (and the row reductions) use "
-    "Triton's default propagate_nan=NONE, while torch.max/amax propagate NaN"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=MAX_NAN_BUG)
+# max/min reductions propagate NaN like torch.amax (Triton's tl.max alone drops it)
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_column_max_nan(op: str) -> None:
     fd = define(lambda fd: fd.add_output(getattr(fd.ops, op)(fd.define_tensor([-1, -1]), dims=[0])))
@@ -704,7 +698,6 @@ def test_column_max_nan(op: str) -> None:
     assert out[0][4].isnan() and out[0].isnan().sum() == 1
 
 
-@pytest.mark.xfail(strict=True, reason=MAX_NAN_BUG)
 @pytest.mark.parametrize("cols", [77, 50257])
 def test_row_max_nan(cols: int) -> None:
     fd = define(lambda fd: fd.add_output(fd.ops.max(fd.define_tensor([-1, -1]), dims=[1])))

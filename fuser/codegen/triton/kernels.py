@@ -5,7 +5,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from fuser.codegen.triton.render import (
-    REDUCE_FN,
     TL_DTYPE,
     Chunk,
     TritonKernelWriter,
@@ -80,11 +79,23 @@ def inner_persistent(kw: TritonKernelWriter) -> str:
             if node.op in REDUCE:
                 for c in chunks:
                     em.ensure_inputs(node, c)
-                terms = [kw.reduce_term(node, c) for c in chunks]
+                # full chunks fold lane by lane first: one cross-thread reduction, not one
+                # per chunk (each is a shuffle tree and, across warps, a barrier)
+                full = [c for c in chunks if not c.masked and c.width == s.chunk]
+                rest = [c for c in chunks if c not in full]
+                terms = [kw.reduce_term(node, c) for c in rest]
+                if full:
+                    lanes = kw.reduce_operand(node, full[0], None)
+                    for c in full[1:]:
+                        lanes = kw.combine(node.op, lanes, kw.reduce_operand(node, c, None))
+                    terms.insert(0, kw.reduce(node, lanes, axis=1))
                 expr = terms[0]
                 for t in terms[1:]:
                     expr = kw.combine(node.op, expr, t)
-                w.comment(f"{node.op.value} over the row: {len(chunks)} chunk(s)")
+                w.comment(
+                    f"{node.op.value} over the row: {len(full)} full chunk(s) folded lane by "
+                    f"lane, {len(rest)} tail chunk(s)"
+                )
                 w.line(f"{node.out.name} = ({expr}).to({TL_DTYPE[node.out.dtype]})")
                 em.maybe_store(node, None)
             elif kind in (Kind.FULL, Kind.COL):
@@ -144,8 +155,7 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                         x = kw.reduce_operand(n, body, None)
                         w.line(f"acc_{n.out.name} = {kw.combine(n.op, f'acc_{n.out.name}', x)}")
             for n in reds:
-                fn = REDUCE_FN[n.op]
-                w.line(f"{n.out.name} = {fn}(acc_{n.out.name}, axis=1, keep_dims=True)")
+                w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=1)}")
             if tail:
                 kw.col_setup(tail_chunk)
                 em = Emitter(kw)
@@ -244,8 +254,7 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                 elif spec.kinds.get(n.out.id) in (Kind.FULL, Kind.ROW):
                     inner.node(n, chunk)
         for n in reds:
-            fn = REDUCE_FN[n.op]
-            w.line(f"{n.out.name} = {fn}(acc_{n.out.name}, axis=0, keep_dims=True)")
+            w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=0)}")
         if split > 1:
             for n, name in zip(reds, ws):
                 m = ", mask=col_ok" if chunk.masked else ""
@@ -267,12 +276,11 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
             fin = Emitter(kw)
             for n, name in zip(reds, ws):
                 m = f"(parts < {split})" + (" & col_ok" if chunk.masked else "")
-                fn = REDUCE_FN[n.op]
-                w.line(
-                    f"{n.out.name} = {fn}(tl.load({name}_ptr + parts * {spec.cols} + cols, "
-                    f"mask={m}, other={_identity(n.op, n.inputs[0].dtype)}), axis=0, "
-                    "keep_dims=True)"
+                part = (
+                    f"tl.load({name}_ptr + parts * {spec.cols} + cols, "
+                    f"mask={m}, other={_identity(n.op, n.inputs[0].dtype)})"
                 )
+                w.line(f"{n.out.name} = {kw.reduce(n, part, axis=0)}")
             _epilogue(kw, fin, reds, chunk)
     return w.text()
 

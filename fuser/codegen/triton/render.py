@@ -14,9 +14,9 @@ from fuser.codegen.header import header_lines
 from fuser.codegen.triton.templates import (
     FLOAT_MATH,
     HELPERS,
-    REDUCE_FN,
     TL_DTYPE,
     helper_names,
+    reduce_call,
     render_op,
 )
 from fuser.codegen.writer import Writer
@@ -178,8 +178,13 @@ class TritonKernelWriter:
     def reduce_term(self, node: Node, chunk: Chunk | None) -> str:
         """One chunk's partial reduction along the row."""
         mask = f"col_ok{chunk.suffix()}" if chunk is not None and chunk.masked else None
-        operand = self.reduce_operand(node, chunk, mask)
-        return f"{REDUCE_FN[node.op]}({operand}, axis=1, keep_dims=True)"
+        return self.reduce(node, self.reduce_operand(node, chunk, mask), axis=1)
+
+    def reduce(self, node: Node, operand: str, axis: int) -> str:
+        """`node`'s reduction of `operand` along `axis` (NaN-propagating for float max/min)."""
+        expr = reduce_call(node.op, node.inputs[0].dtype, operand, axis)
+        self.helpers.update(helper_names(expr))
+        return expr
 
     def tile_shape(self, chunk: Chunk | None) -> str:
         width = chunk.width if chunk else self.s.chunk

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from fuser.errors import CompileError
@@ -59,6 +60,16 @@ BINARY: dict[Op, E] = {
     Op.LOGICAL_OR: lambda a, b: f"({a} | {b})",
 }
 REDUCE_FN = {Op.SUM: "tl.sum", Op.MAX: "tl.max", Op.MIN: "tl.min"}
+# float max/min reduce with a NaN-propagating combine (tl.max drops NaN; torch.amax keeps it)
+NAN_COMBINE = {Op.MAX: "max_nan", Op.MIN: "min_nan"}
+
+
+def reduce_call(op: Op, dtype: DType, operand: str, axis: int) -> str:
+    """One reduction of `operand` along `axis`, keeping the reduced axis."""
+    if op in NAN_COMBINE and dtype.is_float:
+        return f"tl.reduce({operand}, {axis}, {NAN_COMBINE[op]}, keep_dims=True)"
+    return f"{REDUCE_FN[op]}({operand}, axis={axis}, keep_dims=True)"
+
 
 # ops that compute in float32 when their dtype is half or bfloat16
 FLOAT_MATH = set(UNARY) | {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW}
@@ -77,6 +88,14 @@ def log1p(x):
     # log(1 + x) loses x's low bits for tiny x; the series is exact to fp32 there
     return tl.where(tl.abs(x) < 1e-4, x * (1.0 - 0.5 * x), tl.log(1.0 + x))
 """,
+    "max_nan": """@triton.jit
+def max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+""",
+    "min_nan": """@triton.jit
+def min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+""",
     "pow_": """@triton.jit
 def pow_(a, b):
     # a**b = exp2(b * log2|a|), with the sign of a for integral b, and a**0 = 1
@@ -91,7 +110,7 @@ def pow_(a, b):
 
 
 def helper_names(expr: str) -> list[str]:
-    return [name for name in HELPERS if f"{name}(" in expr]
+    return [name for name in HELPERS if re.search(rf"(?<![\w.]){name}\b", expr)]
 
 
 def render_op(op: Op, args: list[str]) -> str:
