@@ -78,17 +78,19 @@ def index_bits(spec: KernelSpec) -> int:
 
 
 # -- pointwise ---------------------------------------------------------------------
-def schedule_pointwise(spec: KernelSpec, dev: Device) -> Schedule:
+def schedule_pointwise(
+    spec: KernelSpec, dev: Device, per_block: int = 4096, warps: int | None = None
+) -> Schedule:
     reasons: list[str] = []
     v = vector_width(spec, reasons)
     # ~16 elements per thread of 256 threads per block: two 16-byte accesses of fp16
     # in flight per thread, enough blocks for every SM on 8192x768 and up
-    per_block = 4096 if spec.cols * spec.rows >= 4096 else pow2_ceil(spec.cols * spec.rows)
+    per_block = min(per_block, pow2_ceil(spec.cols * spec.rows))
     chunk = min(pow2_ceil(spec.cols), per_block, 1024 * v)
     tpr = max(chunk // v, 1)
     rpb = max(min(per_block // chunk, pow2_ceil(spec.rows)), 1)
-    warps = max(1, min(8, tpr * rpb // (32 * 2)))
-    warps = pow2_floor(warps)
+    if warps is None:
+        warps = pow2_floor(max(1, min(8, tpr * rpb // (32 * 2))))
     s = Schedule(
         "pointwise",
         spec.rows,
@@ -177,38 +179,12 @@ def _score(spec: KernelSpec, dev: Device, c: tuple, itemsize: int) -> tuple[floa
     return score, why
 
 
-def schedule_inner(spec: KernelSpec, dev: Device) -> Schedule:
-    reasons: list[str] = []
-    v = vector_width(spec, reasons)
-    itemsize = max(a.dtype.itemsize for a in spec.full_args() if not a.is_output)
-    cands = [
-        c
-        for c in _persistent_candidates(spec, dev, v)
-        if c[7] <= MAX_BUFFER_REGISTERS and c[6] < 255
-    ]
-    if not cands:
-        return schedule_looped(spec, dev, v, reasons)
-    scored = [(_score(spec, dev, c, itemsize), c) for c in cands]
-    (best_score, why), best = max(scored, key=lambda x: (x[0][0], -x[1][2], x[1][0]))
-    tpr, rpb, batch, tail, covered, per_thread, regs, buf = best
-    threads = tpr * rpb
-    warps = max(threads // 32, 1)
+def _inner_schedule(
+    spec: KernelSpec, dev: Device, v: int, cand: tuple, reasons: list[str]
+) -> Schedule:
+    tpr, rpb, batch, tail, covered, per_thread, regs, buf = cand
+    warps = max(tpr * rpb // 32, 1)
     exact = tail == 0 and spec.cols % (tpr * v) == 0
-    reasons.append(
-        f"persistent: the row stays in registers, {per_thread} elements/thread "
-        f"({spec.crossing_words():.1f} words each cross the reductions), "
-        f"{len(cands)} candidates scored"
-    )
-    reasons.append(
-        f"threads_per_row {tpr} x rows_per_block {rpb} = {threads} threads; "
-        f"chosen for: {', '.join(why)}"
-    )
-    reasons.append(
-        f"persistent_batch {batch} chunks of {tpr * v}"
-        + (f" + a tail chunk of {tail} (the only masked one)" if tail else ", exact split")
-    )
-    if exact and spec.rows % rpb == 0:
-        reasons.append("unswitch: every chunk and row block is full, no masks")
     s = Schedule(
         "inner_persistent",
         spec.rows,
@@ -225,11 +201,57 @@ def schedule_inner(spec: KernelSpec, dev: Device) -> Schedule:
     return _with(s, _estimate(spec, dev, s, regs, buf, covered), reasons)
 
 
-def schedule_looped(spec: KernelSpec, dev: Device, v: int, reasons: list[str]) -> Schedule:
+def _inner_candidates(spec: KernelSpec, dev: Device, v: int) -> list[tuple]:
+    return [
+        c
+        for c in _persistent_candidates(spec, dev, v)
+        if c[7] <= MAX_BUFFER_REGISTERS and c[6] < 255
+    ]
+
+
+def schedule_inner(spec: KernelSpec, dev: Device) -> Schedule:
+    reasons: list[str] = []
+    v = vector_width(spec, reasons)
+    itemsize = max(a.dtype.itemsize for a in spec.full_args() if not a.is_output)
+    cands = _inner_candidates(spec, dev, v)
+    if not cands:
+        return schedule_looped(spec, dev, v, reasons)
+    scored = [(_score(spec, dev, c, itemsize), c) for c in cands]
+    (best_score, why), best = max(scored, key=lambda x: (x[0][0], -x[1][2], x[1][0]))
+    tpr, rpb, batch, tail, covered, per_thread, regs, buf = best
+    exact = tail == 0 and spec.cols % (tpr * v) == 0
+    reasons.append(
+        f"persistent: the row stays in registers, {per_thread} elements/thread "
+        f"({spec.crossing_words():.1f} words each cross the reductions), "
+        f"{len(cands)} candidates scored"
+    )
+    reasons.append(
+        f"threads_per_row {tpr} x rows_per_block {rpb} = {tpr * rpb} threads; "
+        f"chosen for: {', '.join(why)}"
+    )
+    reasons.append(
+        f"persistent_batch {batch} chunks of {tpr * v}"
+        + (f" + a tail chunk of {tail} (the only masked one)" if tail else ", exact split")
+    )
+    if exact and spec.rows % rpb == 0:
+        reasons.append("unswitch: every chunk and row block is full, no masks")
+    return _inner_schedule(spec, dev, v, best, reasons)
+
+
+def schedule_looped(
+    spec: KernelSpec,
+    dev: Device,
+    v: int,
+    reasons: list[str],
+    warps: int | None = None,
+    unroll: int | None = None,
+) -> Schedule:
     # 256 threads per row, 2 chunks per iteration: 4096 fp16 elements in flight per block
-    warps = 8 if spec.cols >= 8 * 32 * v else max(1, pow2_floor(spec.cols // (32 * v)))
+    if warps is None:
+        warps = 8 if spec.cols >= 8 * 32 * v else max(1, pow2_floor(spec.cols // (32 * v)))
     tpr = warps * 32
-    unroll = 2 if spec.cols >= 2 * tpr * v else 1
+    if unroll is None:
+        unroll = 2 if spec.cols >= 2 * tpr * v else 1
     reasons.append(
         f"looped: {spec.cols} columns do not fit in registers at {spec.crossing_words():.1f} "
         f"words/element; {spec.rounds} pass(es) over the row, {tpr * v * unroll} elements "
@@ -251,16 +273,21 @@ def schedule_looped(spec: KernelSpec, dev: Device, v: int, reasons: list[str]) -
 
 
 # -- outer (column) reductions ---------------------------------------------------------
-def schedule_outer(spec: KernelSpec, dev: Device) -> Schedule:
+def schedule_outer(
+    spec: KernelSpec,
+    dev: Device,
+    tile: int | None = None,
+    warps: int = 8,
+    blocks_per_sm: int = 4,
+) -> Schedule:
     reasons: list[str] = []
     v = vector_width(spec, reasons)
-    chunk = min(pow2_ceil(spec.cols), 32 * v * 2)
+    chunk = min(pow2_ceil(spec.cols), tile or 32 * v * 2)
     tpr = max(chunk // v, 1)
-    warps = 8
     rpb = max(1, min(32, (warps * 32 * 16) // chunk, pow2_ceil(spec.rows)))
     col_blocks = -(-spec.cols // chunk)
     # enough (column tile, row split) blocks to give every SM ~4 of them
-    split = max(1, min(-(-dev.sms * 4 // col_blocks), -(-spec.rows // (rpb * 4))))
+    split = max(1, min(-(-dev.sms * blocks_per_sm // col_blocks), -(-spec.rows // (rpb * 4))))
     reasons.append(
         f"column tile {chunk} x {rpb} rows per iteration; {col_blocks} column tiles x "
         f"{split} row splits = {col_blocks * split} blocks for {dev.sms} SMs"
@@ -291,3 +318,37 @@ def choose_schedule(spec: KernelSpec, dev: Device) -> Schedule:
     if spec.layout.inner:
         return schedule_inner(spec, dev)
     return schedule_pointwise(spec, dev)
+
+
+def candidate_schedules(spec: KernelSpec, dev: Device) -> list[Schedule]:
+    """Every legal schedule the heuristics choose among, for measuring their regret.
+
+    The heuristic's own choice is always one of them (the sweep times all and reports
+    the best beside it).
+    """
+    out: list[Schedule] = []
+    if spec.layout.outer:
+        v = vector_width(spec, [])
+        for tile in sorted({32 * v, 64 * v, 128 * v, min(pow2_ceil(spec.cols), 2048)}):
+            for warps in (4, 8):
+                for bps in (2, 4, 8):
+                    out.append(schedule_outer(spec, dev, tile, warps, bps))
+    elif spec.layout.inner:
+        v_best = vector_width(spec, [])
+        for v in sorted({v_best, max(v_best // 2, 1)}):
+            for c in _inner_candidates(spec, dev, v):
+                out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"]))
+            if spec.cols > 2048 or not out:
+                for warps in (4, 8, 16):
+                    for unroll in (1, 2, 4):
+                        if warps * 32 * v * unroll <= 2 * pow2_ceil(spec.cols):
+                            out.append(schedule_looped(spec, dev, v, [], warps, unroll))
+    else:
+        for per_block in (1024, 2048, 4096, 8192, 16384):
+            for warps in (2, 4, 8, 16):
+                out.append(schedule_pointwise(spec, dev, per_block, warps))
+    out.append(choose_schedule(spec, dev))
+    unique: dict[str, Schedule] = {}
+    for sch in out:
+        unique.setdefault(f"{sch.short()} {sch.grid}", sch)
+    return list(unique.values())

@@ -1,0 +1,166 @@
+"""fuser-bench: measure fuser's kernels against eager and torch.compile over hidden sizes.
+
+Each case is checked against eager first (a wrong kernel is reported, not timed), then
+timed as the median of triton.testing.do_bench with the L2 flushed between repeats.
+GB/s uses the minimal bytes (inputs read once, outputs written once); the ceiling is a
+1 GiB device-to-device copy measured in the same run. --sweep times every schedule in
+the scheduler's space and reports the heuristic's regret, time(heuristic)/time(best) - 1.
+
+examples:
+  python -m fuser.bench                                  # the full default suite
+  python -m fuser.bench --ops ln_fused --hidden 1024:8192:1024 --sweep
+  python -m fuser.bench --cpu-smoke                      # no GPU: correctness only
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from fuser.bench.cases import OPS
+from fuser.bench.report import line, plot, regret, regret_summary, write_jsonl
+from fuser.bench.run import Options, run
+
+
+def _sizes(text: str) -> list[int]:
+    """'768,1024' or 'start:stop:step' (stop included)."""
+    if ":" in text:
+        a, b, *c = (int(x) for x in text.split(":"))
+        return list(range(a, b + 1, c[0] if c else 256))
+    return [int(x) for x in text.split(",") if x]
+
+
+def _names(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="fuser-bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    ap.add_argument(
+        "--ops",
+        type=_names,
+        default=list(OPS),
+        help="comma-separated ops (default: all):\n  " + ", ".join(OPS),
+    )
+    ap.add_argument(
+        "--hidden",
+        type=_sizes,
+        default=None,
+        help="hidden sizes: '768,1600' or 'start:stop:step' (default: each op's "
+        "own; the seed sweep 768..20480 for ln_fused)",
+    )
+    ap.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="rows of every case (default: each op's own, 8192 mostly)",
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=["fp16", "bf16", "fp32"],
+        default=None,
+        help="dtype of every case (default: each op's own)",
+    )
+    ap.add_argument(
+        "--backends",
+        type=_names,
+        default=["triton"],
+        help="fuser backends to run: triton, cuda (default: triton)",
+    )
+    ap.add_argument(
+        "--baselines",
+        type=_names,
+        default=["eager", "compile", "liger"],
+        help="eager, compile (torch.compile), liger (when installed)",
+    )
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="time every legal schedule and report the heuristic's regret",
+    )
+    ap.add_argument(
+        "--sweep-ops",
+        type=_names,
+        default=["ln_fused"],
+        help="ops to sweep when --sweep is given (default: ln_fused)",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=8,
+        help="processes that compile sweep candidates in parallel (default 8)",
+    )
+    ap.add_argument("--quick", action="store_true", help="fewer timing repeats")
+    ap.add_argument(
+        "--no-resources",
+        action="store_true",
+        help="skip reading registers/spills from the compiled kernels",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/results/latest"),
+        help="folder for results.jsonl, regret.jsonl and the plots",
+    )
+    ap.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="no GPU needed: tiny shapes through Triton's interpreter, "
+        "correctness only (what CI runs)",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    smoke = args.cpu_smoke
+    if not smoke and not torch.cuda.is_available():
+        print(
+            "fuser-bench: no CUDA GPU here; timing needs one. "
+            "Use --cpu-smoke for a correctness-only pass through Triton's interpreter."
+        )
+        return 2
+    opts = Options(
+        ops=args.ops,
+        hidden=args.hidden or ([48, 100] if smoke else None),
+        rows=args.rows or (3 if smoke else None),
+        dtype=args.dtype,
+        backends=args.backends,
+        baselines=args.baselines,
+        sweep=args.sweep,
+        sweep_ops=args.sweep_ops,
+        jobs=1 if smoke else args.jobs,
+        quick=args.quick,
+        smoke=smoke,
+        resources=not args.no_resources,
+    )
+    rows: list[dict] = []
+
+    def emit(r: dict) -> None:
+        rows.append(r)
+        print(line(r), flush=True)
+
+    run(opts, emit)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(rows, args.out / "results.jsonl")
+    reg = regret(rows)
+    if reg:
+        write_jsonl(reg, args.out / "regret.jsonl")
+        print(regret_summary(reg))
+    for p in plot(rows, args.out):
+        print(f"plot: {p}")
+    bad = [r for r in rows if r["impl"].startswith("fuser-") and r.get("error")]
+    bad += [r for r in rows if r["impl"].startswith("sweep-") and r.get("error")]
+    for r in bad:
+        print(f"FAILED {r['op']} {r['shape']} {r['impl']} {r.get('schedule', '')}: {r['error']}")
+    print(f"{len(rows)} measurements -> {args.out / 'results.jsonl'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
