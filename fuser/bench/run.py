@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -110,7 +111,7 @@ def run_case(case: Case, opts: Options, ceiling: float, info: dict, emit: Callab
     for backend in opts.backends:
         impl = f"fuser-{backend}"
         try:
-            cold = first_call_s(lambda: case.fuser(inputs, backend))
+            cold = first_call_s(lambda backend=backend: case.fuser(inputs, backend))
             wrong = mismatch(case, case.fuser(inputs, backend), ref)
         except Exception as e:
             record(impl, None, error=f"{type(e).__name__}: {str(e)[:300]}")
@@ -133,8 +134,9 @@ def run_case(case: Case, opts: Options, ceiling: float, info: dict, emit: Callab
         if opts.smoke or wrong is not None:
             record(impl, None, **extra)
         else:
-            extra["host_us"] = host_overhead_us(lambda: case.fuser(inputs, backend), n=300)
-            record(impl, bench_ms(lambda: case.fuser(inputs, backend), opts.quick), **extra)
+            call = partial(case.fuser, inputs, backend)
+            extra["host_us"] = host_overhead_us(call, n=300)
+            record(impl, bench_ms(call, opts.quick), **extra)
         if wrong is None and opts.sweep and case.op in opts.sweep_ops:
             sweep_case(case, opts, backend, inputs, ref, record)
 
