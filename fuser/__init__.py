@@ -4,5 +4,11 @@ from fuser import config as _config  # noqa: F401  (chooses Triton's mode first)
 from fuser.errors import FuserError
 from fuser.frontend.fusion_definition import FusionDefinition
 
-__all__ = ["FuserError", "FusionDefinition"]
 __version__ = "0.1.0"
+
+from fuser.dynamo import FuserBackend, Trace, explain, trace  # noqa: E402
+from fuser.dynamo import register as _register_backend  # noqa: E402
+
+_register_backend()  # torch.compile(model, backend="fuser")
+
+__all__ = ["FuserBackend", "FuserError", "FusionDefinition", "Trace", "explain", "trace"]

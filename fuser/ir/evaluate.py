@@ -114,7 +114,8 @@ def eval_node(node: Node, args: list[T], device: torch.device) -> list[T]:
         view = [1] * len(shape)
         view[dim] = shape[dim]
         idx = torch.arange(shape[dim], dtype=node.attr("dtype").torch, device=device)
-        return [idx.view(view).expand(shape)]
+        # materialized: the executor hands ATen segments' outputs to kernels as dense
+        return [idx.view(view).expand(shape).contiguous()]
     if op in UNARY:
         return [UNARY[op](args[0])]
     if op in BINARY:
@@ -128,7 +129,7 @@ def eval_node(node: Node, args: list[T], device: torch.device) -> list[T]:
         view = [1] * len(shape)
         for i, d in enumerate(node.attr("broadcast_dims")):
             view[d] = x.shape[i]
-        return [x.reshape(view).expand(shape)]
+        return [x.reshape(view).expand(shape).contiguous()]  # dense, as for iota
     if op in (Op.SUM, Op.MAX, Op.MIN, Op.MEAN):
         return [_reduce(node, args[0])]
     return _composite(node, args)

@@ -1,0 +1,181 @@
+"""The torch.compile backend: Dynamo captures, AOTAutograd splits forward and backward and
+functionalizes them, and fuser lowers each resulting ATen graph.
+
+    torch.compile(model, backend="fuser")              # registered on `import fuser` and
+                                                       # through the entry point
+    torch.compile(model, backend=FuserBackend(strict=True))   # options, own records
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import CodeType
+from typing import Any
+
+import torch
+from torch import fx
+
+from fuser.config import config, debug_print
+from fuser.dynamo.lower import GraphRecord, lower_graph
+
+aten = torch.ops.aten
+
+# ATen ops decomposed before lowering: each becomes elementwise math fuser lowers
+# (layer_norm, gelu, softmax and nll_loss, forward and backward, are lowered directly)
+_DECOMPOSE = [
+    "silu",
+    "silu_backward",
+    "sigmoid_backward",
+    "tanh_backward",
+    "threshold_backward",
+    "hardtanh",
+    "hardtanh_backward",
+    "leaky_relu",
+    "leaky_relu_backward",
+    "elu",
+    "elu_backward",
+    "softplus",
+    "softplus_backward",
+    "mse_loss",
+    "mse_loss_backward",
+    "addcmul",
+    "addcdiv",
+    "lerp",
+    "hardswish",
+    "hardsigmoid",
+    "mish",
+    "native_dropout_backward",
+]
+
+
+def decompositions() -> dict:
+    from torch._decomp import get_decompositions
+
+    return get_decompositions([getattr(aten, n) for n in _DECOMPOSE if hasattr(aten, n)])
+
+
+@dataclass
+class Capture:
+    """One graph Dynamo captured and the AOTAutograd graphs fuser compiled from it."""
+
+    compile_id: str
+    codes: tuple[CodeType, ...]
+    input_shapes: list[list[int]]
+    graphs: list[GraphRecord] = field(default_factory=list)
+    dynamo_graph: str = ""
+
+    @property
+    def recompile(self) -> bool:
+        """A second (or later) compilation of the same frame: its guards failed."""
+        parts = self.compile_id.split("/")
+        return len(parts) >= 2 and parts[-1].isdigit() and int(parts[-1]) > 0
+
+    @property
+    def where(self) -> str:
+        if not self.codes:
+            return "?"
+        c = self.codes[0]
+        return f"{c.co_name} ({c.co_filename.rsplit('/', 1)[-1]}:{c.co_firstlineno})"
+
+
+# every Capture made by any FuserBackend in this process, oldest first
+CAPTURES: list[Capture] = []
+
+
+def _compile_context() -> tuple[str, tuple[CodeType, ...]]:
+    from torch._guards import CompileContext, TracingContext
+
+    cid = CompileContext.current_compile_id()
+    tc = TracingContext.try_get()
+    codes = tuple(getattr(tc, "traced_code", ()) or ()) if tc is not None else ()
+    return (str(cid) if cid is not None else "?"), codes
+
+
+class FuserBackend:
+    """A torch.compile backend object; `captures` lists what it compiled.
+
+    strict: raise instead of falling back to ATen when fuser fails on a region.
+    check: also run every region's ATen ops and raise if fuser's result differs (slow;
+        for debugging a model).
+    partition: "min_cut" (AOTAutograd recomputes cheap forward ops in the backward
+        instead of saving them, as for Inductor) or "default" (save what eager saves).
+    """
+
+    def __init__(self, strict: bool = False, check: bool = False, partition: str = "min_cut"):
+        if partition not in ("min_cut", "default"):
+            raise ValueError(f"partition={partition!r}; expected 'min_cut' or 'default'")
+        self.strict = strict
+        self.check = check
+        self.partition = partition
+        self.captures: list[Capture] = []
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        from torch._dynamo.backends.common import aot_autograd
+
+        cid, codes = _compile_context()
+        shapes = [list(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
+        capture = Capture(cid, codes, shapes, dynamo_graph=gm.code)
+        self.captures.append(capture)
+        CAPTURES.append(capture)
+        if capture.recompile:
+            debug_print(1, f"[fuser.dynamo] recompiling {capture.where} (compile {cid})")
+
+        def compiler(kind: str) -> Any:
+            def compile_one(g: fx.GraphModule, inputs: list[Any]) -> Any:
+                name = f"g{cid.replace('/', '_')}_{kind[:3]}"
+                fn, record = lower_graph(g, kind, name, self.strict, self.check)
+                capture.graphs.append(record)
+                _debug(capture, record)
+                return fn
+
+            return compile_one
+
+        kwargs: dict[str, Any] = {
+            "fw_compiler": compiler("forward"),
+            "bw_compiler": compiler("backward"),
+            "inference_compiler": compiler("inference"),
+            "decompositions": decompositions(),
+            "keep_inference_input_mutations": True,
+        }
+        if self.partition == "min_cut":
+            from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+            kwargs["partition_fn"] = min_cut_rematerialization_partition
+        t0 = time.perf_counter()
+        compiled = aot_autograd(**kwargs)(gm, example_inputs)
+        debug_print(2, f"[fuser.dynamo] {capture.where}: traced in {time.perf_counter() - t0:.2f}s")
+        return compiled
+
+
+def _debug(capture: Capture, record: GraphRecord) -> None:
+    if config.debug < 1:
+        return
+    from fuser.dynamo.explain import graph_text
+
+    kernels = len(record.kernels)
+    debug_print(
+        1,
+        f"[fuser.dynamo] {record.kind} graph of {capture.where}: {record.nodes} ATen ops -> "
+        f"{len(record.fused)} fused regions ({kernels} kernels), {len(record.fallbacks)} "
+        f"ATen calls, in {record.compile_seconds:.2f}s",
+    )
+    debug_print(2, graph_text(record, source=config.debug >= 4))
+
+
+_DEFAULT = FuserBackend()
+
+
+def fuser_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """The backend registered as "fuser" (torch.compile(model, backend="fuser"))."""
+    return _DEFAULT(gm, example_inputs)
+
+
+def register() -> None:
+    """Register "fuser" with Dynamo unless its entry point already provides it."""
+    from torch._dynamo.backends import registry
+
+    known = getattr(registry, "_BACKENDS", {})
+    if "fuser" in known or "fuser" in getattr(registry, "_COMPILER_FNS", {}):
+        return  # the torch_dynamo_backends entry point registers it when first looked up
+    registry.register_backend(fuser_backend, name="fuser")

@@ -1,0 +1,160 @@
+"""What every ATen lowering uses: the lowering table, the context, dtype and scalar helpers.
+
+A lowering turns one FX node of an AOTAutograd graph into fuser IR inside the region's
+FusionDefinition. It reads its operands through `LowerCtx`, computes in the dtype ATen
+computes in (float32 for half/bf16 operands, as ATen's opmath), and returns one fuser
+tensor per output; `finish` rounds each to the dtype ATen gives and checks the shape.
+What a lowering cannot express raises `NotLowerable` with the reason `explain` shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from fuser.frontend.builder import Tensor
+from fuser.frontend.fusion_definition import FusionDefinition
+from fuser.ir.dtypes import DType
+
+Number = bool | int | float
+Lowering = Callable[["LowerCtx", fx.Node], Any]
+
+# ATen op overload -> lowering; filled by the lowering modules through `register`
+LOWERINGS: dict[Any, Lowering] = {}
+# ops that move no data (views, expand, identities, constants): a region made only of
+# them is not worth a kernel, and as a region's outputs they would be materialized
+FREE: set[Any] = set()
+
+SUPPORTED_DTYPES = {d.torch for d in DType}
+
+
+class NotLowerable(Exception):
+    """This node cannot become fuser IR; the message says why (shown by explain)."""
+
+
+def register(*targets: Any, free: bool = False) -> Callable[[Lowering], Lowering]:
+    def deco(fn: Lowering) -> Lowering:
+        for t in targets:
+            LOWERINGS[t] = fn
+            if free:
+                FREE.add(t)
+        return fn
+
+    return deco
+
+
+def meta_of(node: fx.Node) -> Any:
+    """The fake tensor (or tuple of them) AOTAutograd recorded for `node`."""
+    val = node.meta.get("val")
+    if val is None:
+        raise NotLowerable(f"{node.name} has no recorded value (no node.meta['val'])")
+    return val
+
+
+def static_shape(t: torch.Tensor, what: str) -> list[int]:
+    shape = list(t.shape)
+    if not all(isinstance(s, int) for s in shape):
+        raise NotLowerable(f"{what} has symbolic shape {shape}")
+    return shape
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """ATen's opmath: half and bfloat16 compute in float32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class LowerCtx:
+    """Lowers FX nodes into one FusionDefinition; `values` maps FX nodes to fuser values."""
+
+    def __init__(self, fd: FusionDefinition):
+        self.fd = fd
+        self.ops = fd.ops
+        self.values: dict[fx.Node, Any] = {}
+
+    # -- operands ------------------------------------------------------------------
+    def define_input(self, node: fx.Node) -> Tensor:
+        val = meta_of(node)
+        if not isinstance(val, torch.Tensor):
+            raise NotLowerable(f"input {node.name} is a {type(val).__name__}, not a tensor")
+        if val.dtype not in SUPPORTED_DTYPES:
+            raise NotLowerable(f"input {node.name} has dtype {val.dtype}, which fuser lacks")
+        t = self.fd.define_tensor(static_shape(val, f"input {node.name}"), val.dtype)
+        self.values[node] = t
+        return t
+
+    def tensor(self, arg: Any) -> Tensor:
+        v = self.operand(arg)
+        if not isinstance(v, Tensor):
+            raise NotLowerable(f"expected a tensor operand, got {arg!r}")
+        return v
+
+    def operand(self, arg: Any) -> Tensor | Number:
+        """A fuser tensor for an FX node, or the Python number a scalar argument holds."""
+        if isinstance(arg, fx.Node):
+            if arg not in self.values:
+                raise NotLowerable(f"operand {arg.name} is not available in this region")
+            v = self.values[arg]
+            if isinstance(v, tuple):
+                raise NotLowerable(f"operand {arg.name} is a tuple; expected a tensor")
+            return v
+        if isinstance(arg, (bool, int, float)):
+            return arg
+        raise NotLowerable(f"operand {arg!r} of type {type(arg).__name__} is not a number")
+
+    # -- dtypes --------------------------------------------------------------------
+    def cast(self, t: Tensor | Number, dtype: torch.dtype) -> Tensor | Number:
+        """`t` in `dtype` (a Python number becomes a constant of that dtype)."""
+        if isinstance(t, Tensor):
+            return t if t.dtype == dtype else self.ops.cast(t, dtype)
+        return self.scalar(t, dtype)
+
+    def scalar(self, value: Number, dtype: torch.dtype) -> Tensor:
+        if dtype.is_floating_point:
+            value = float(value)
+        elif dtype == torch.bool:
+            value = bool(value)
+        else:
+            value = int(value)
+        return self.fd.define_scalar(value, dtype=dtype)
+
+    def up(self, t: Tensor) -> Tensor:
+        """`t` in its compute dtype (float32 for half/bf16)."""
+        return self.cast(t, compute_dtype(t.dtype))  # type: ignore[return-value]
+
+    def finish(self, node: fx.Node, outs: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
+        """Round each output to ATen's dtype and check its shape against ATen's."""
+        val = meta_of(node)
+        metas = list(val) if isinstance(val, (tuple, list)) else [val]
+        if len(metas) != len(outs):
+            raise NotLowerable(f"lowered {len(outs)} outputs, ATen gives {len(metas)}")
+        done: list[Tensor | None] = []
+        for i, (t, m) in enumerate(zip(outs, metas)):
+            if t is None or m is None:
+                done.append(None)
+                continue
+            want = static_shape(m, f"output {i} of {node.name}")
+            if [int(s) for s in t.shape] != want:
+                raise NotLowerable(
+                    f"output {i} lowered to shape {list(t.shape)}, ATen gives {want}"
+                )
+            if m.dtype not in SUPPORTED_DTYPES:
+                raise NotLowerable(f"output dtype {m.dtype} is not supported by fuser")
+            done.append(self.cast(t, m.dtype))  # type: ignore[arg-type]
+        return tuple(done)
+
+
+def out_meta(node: fx.Node) -> torch.Tensor:
+    val = meta_of(node)
+    if not isinstance(val, torch.Tensor):
+        raise NotLowerable(f"{node.name} does not produce a single tensor")
+    return val
+
+
+def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    """Argument `index` (positional) or `name` (keyword) of an FX call."""
+    if index < len(node.args):
+        return node.args[index]
+    return node.kwargs.get(name, default)

@@ -1,0 +1,125 @@
+"""Explain what fuser did to a compiled model: each fused region with its kernels, each ATen
+call with the reason it was not fused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fuser.dynamo.backend import CAPTURES, Capture, FuserBackend
+from fuser.dynamo.lower import GraphRecord
+from fuser.dynamo.region import RegionRecord
+
+
+def _indent(text: str, by: str = "    ") -> str:
+    return "\n".join(by + line if line else line for line in text.splitlines())
+
+
+def region_text(r: RegionRecord, source: bool = False) -> str:
+    head = f"  region {r.name}: {r.ops}  ({r.inputs} inputs, {r.outputs} outputs"
+    head += f", {r.calls} calls)" if r.calls else ")"
+    lines = [head]
+    if r.fallback is not None:
+        lines.append(f"    runs as ATen ops: {r.fallback}")
+        return "\n".join(lines)
+    assert r.fd is not None
+    if r.restrided:
+        lines.append(f"    outputs {', '.join(r.restrided)} are copied to ATen's strides")
+    lines.append(f"    fusion {r.fd.name}:")
+    lines.append(_indent(r.fd._runtime().explain(), "      "))
+    if source:
+        for k in r.fd.kernels:
+            lines.append(f"    source of {k.name}:")
+            lines.append(_indent(k.source, "      "))
+    return "\n".join(lines)
+
+
+def fallbacks_text(record: GraphRecord) -> str:
+    groups: dict[tuple[str, str], list[str]] = {}
+    for f in record.fallbacks:
+        groups.setdefault((f.op, f.reason), []).append(f.node)
+    lines = [f"  ATen calls ({len(record.fallbacks)}):"]
+    for (op, reason), names in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        count = f" x{len(names)}" if len(names) > 1 else f" ({names[0]})"
+        lines.append(f"    {op}{count}: {reason}")
+    return "\n".join(lines)
+
+
+def graph_text(record: GraphRecord, source: bool = False) -> str:
+    fused = record.fused
+    lines = [
+        f"-- {record.kind} graph {record.name}: {record.nodes} ATen ops -> {len(fused)} fused "
+        f"regions ({len(record.kernels)} kernels), {len(record.fallbacks)} ATen calls; "
+        f"lowered in {record.compile_seconds:.2f}s"
+    ]
+    lines += [region_text(r, source) for r in record.regions]
+    lines.append(fallbacks_text(record))
+    return "\n".join(lines)
+
+
+def captures_text(captures: list[Capture], source: bool = False) -> str:
+    if not captures:
+        return (
+            "fuser: nothing compiled for this yet (torch.compile compiles on the first call; "
+            "backward graphs on the first backward)"
+        )
+    graphs = [g for c in captures for g in c.graphs]
+    regions = sum(len(g.fused) for g in graphs)
+    kernels = sum(len(g.kernels) for g in graphs)
+    recompiles = sum(c.recompile for c in captures)
+    lines = [
+        f"fuser: {len(captures)} captured graph(s), {len(graphs)} ATen graph(s), {regions} "
+        f"fused regions, {kernels} kernels, {recompiles} recompile(s)"
+    ]
+    for c in captures:
+        shapes = ", ".join(str(s) for s in c.input_shapes[:6])
+        more = ", ..." if len(c.input_shapes) > 6 else ""
+        tag = " (recompile)" if c.recompile else ""
+        lines.append(f"\n== capture {c.compile_id}{tag} of {c.where}; inputs {shapes}{more}")
+        lines += [graph_text(g, source) for g in c.graphs]
+    return "\n".join(lines)
+
+
+def _codes(obj: Any) -> set:
+    """The code objects Dynamo compiles for a module (its forwards) or a function."""
+    obj = getattr(obj, "_orig_mod", obj)
+    obj = getattr(obj, "_torchdynamo_orig_callable", obj)
+    if isinstance(obj, torch.nn.Module):
+        fns = [type(m).forward for m in obj.modules()]
+    else:
+        fns = [getattr(obj, "__func__", obj)]
+    return {f.__code__ for f in fns if hasattr(f, "__code__")}
+
+
+def captures_of(obj: Any) -> list[Capture]:
+    """The captures explain shows for `obj` (a trace, a backend, a compiled model or fn)."""
+    if obj is None:
+        return list(CAPTURES)
+    if isinstance(obj, FuserBackend) or hasattr(obj, "captures"):
+        return list(obj.captures)
+    if isinstance(obj, Capture):
+        return [obj]
+    codes = _codes(obj)
+    return [c for c in CAPTURES if c.codes and c.codes[0] in codes]
+
+
+def explain(obj: Any = None, source: bool = False, print_it: bool = True) -> str:
+    """Each fused region with its kernels (schedule, reasons; `source=True` adds the
+    generated source) and each ATen call with why it was not fused.
+
+    `obj`: what `fuser.trace` returned, a model or function compiled with
+    backend="fuser" (after its first call), a FuserBackend, a FusionDefinition, or None
+    for everything compiled in this process.
+    """
+    from fuser.frontend.fusion_definition import FusionDefinition
+
+    if isinstance(obj, FusionDefinition):
+        return obj.explain(print_it)
+    if isinstance(obj, GraphRecord):
+        text = graph_text(obj, source)
+    else:
+        text = captures_text(captures_of(obj), source)
+    if print_it:
+        print(text)
+    return text

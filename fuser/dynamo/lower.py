@@ -1,0 +1,206 @@
+"""Lower one AOTAutograd graph: partition, build a FusionDefinition per region, rewrite.
+
+The rewritten graph calls each fused region as a submodule (`fused_3(...)`) and keeps
+every other node as the ATen call it was. Units (regions and nodes) are emitted in a
+topological order that follows the original program order wherever the data allows;
+side-effecting nodes are chained so their relative order never changes.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from fuser.config import debug_print
+from fuser.dynamo.context import NotLowerable
+from fuser.dynamo.partition import form_regions
+from fuser.dynamo.region import (
+    FusedRegion,
+    RegionPlan,
+    RegionRecord,
+    build_definition,
+    meta_inputs,
+    record_for,
+)
+from fuser.dynamo.support import describe, is_free, is_side_effect, op_name, try_lower
+from fuser.errors import FuserError
+
+VIEW_ONLY = "only views/constants, no compute: not worth a kernel, stays ATen (free)"
+
+
+@dataclass
+class Fallback:
+    """An FX node that runs as an ATen call, and why."""
+
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass
+class GraphRecord:
+    """One compiled AOTAutograd graph: forward, backward or inference."""
+
+    kind: str
+    name: str
+    nodes: int
+    regions: list[RegionRecord] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    aten_graph: str = ""
+    module: fx.GraphModule | None = field(default=None, repr=False)
+
+    @property
+    def fused(self) -> list[RegionRecord]:
+        return [r for r in self.regions if r.fused]
+
+    @property
+    def kernels(self) -> list[Any]:
+        return [k for r in self.fused for k in r.kernels]
+
+
+def _plan_regions(
+    gm: fx.GraphModule, record: GraphRecord, strict: bool, check: bool
+) -> list[tuple[RegionPlan, FusedRegion]]:
+    reasons: dict[fx.Node, str] = {}
+    fusible: set[fx.Node] = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is not operator.getitem:
+            why = try_lower(n)
+            if why is None:
+                fusible.add(n)
+            else:
+                reasons[n] = why
+    groups = form_regions(gm.graph, fusible.__contains__, is_side_effect)
+    planned = []
+    for nodes in groups:
+        if all(is_free(n) or n.target is operator.getitem for n in nodes):
+            reasons.update((n, VIEW_ONLY) for n in nodes)
+            continue
+        plan = RegionPlan.of(nodes)
+        rec = record_for(f"{record.name}_fused_{len(record.regions)}", plan)
+        record.regions.append(rec)
+        try:
+            fd, slots = build_definition(plan)
+            rec.fd = fd
+            with unset_fake_temporarily():  # plan now: a FuserError shows at compile time
+                fd.compile(meta_inputs(plan))
+        except (NotLowerable, FuserError) as e:
+            rec.fallback = f"{type(e).__name__}: {e}"
+        except Exception as e:
+            if strict:
+                raise
+            rec.fallback = f"unexpected {type(e).__name__} while fusing: {e}"
+        if rec.fallback is not None:
+            debug_print(1, f"[fuser.dynamo] {rec.name} runs as ATen ops: {rec.fallback}")
+            reasons.update((n, f"in {rec.name}, which fell back: {rec.fallback}") for n in nodes)
+            continue
+        planned.append((plan, FusedRegion(plan, fd, slots, rec, strict, check)))
+    fused = {n for plan, _ in planned for n in plan.nodes}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n not in fused and n.target is not operator.getitem:
+            record.fallbacks.append(Fallback(n.name, op_name(n), reasons.get(n, "not fused")))
+    return planned
+
+
+def _emit_order(gm: fx.GraphModule, planned: list[tuple[RegionPlan, FusedRegion]]) -> list:
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    owner = {n: i for i, (plan, _) in enumerate(planned) for n in plan.nodes}
+    dup = {n for plan, _ in planned for n in plan.duplicated}
+
+    def unit(p: fx.Node) -> Any:
+        return ("region", owner[p]) if p in owner and p not in dup else p
+
+    dag = nx.DiGraph()
+    last_effect = None
+    for n in gm.graph.nodes:
+        if n in owner and n not in dup:
+            continue
+        dag.add_node(n)
+        for p in n.all_input_nodes:
+            dag.add_edge(unit(p), n)
+        if is_side_effect(n):
+            if last_effect is not None:
+                dag.add_edge(last_effect, n)
+            last_effect = n
+    for i, (plan, _) in enumerate(planned):
+        dag.add_node(("region", i))
+        for p in plan.inputs:
+            dag.add_edge(unit(p), ("region", i))
+
+    def key(u: Any) -> int:
+        return order[planned[u[1]][0].nodes[0]] if isinstance(u, tuple) else order[u]
+
+    return list(nx.lexicographical_topological_sort(dag, key=key))
+
+
+def rewrite(gm: fx.GraphModule, planned: list[tuple[RegionPlan, FusedRegion]]) -> fx.GraphModule:
+    """A new GraphModule in which every planned region is one submodule call."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    root = torch.nn.Module()
+    for u in _emit_order(gm, planned):
+        if not isinstance(u, tuple):
+            env[u] = graph.node_copy(u, env.__getitem__)
+            if u.op == "get_attr":
+                _copy_attr(gm, root, u.target)
+            continue
+        plan, module = planned[u[1]]
+        name = module.record.name
+        root.add_module(name, module)
+        call = graph.call_module(name, tuple(env[p] for p in plan.inputs))
+        for k, o in enumerate(plan.outputs):
+            env[o] = graph.call_function(operator.getitem, (call, k))
+            env[o].meta = dict(o.meta)
+    return fx.GraphModule(root, graph, gm.__class__.__name__)
+
+
+def _copy_attr(src: torch.nn.Module, dst: torch.nn.Module, target: str) -> None:
+    *path, last = target.split(".")
+    s, d = src, dst
+    for p in path:
+        s = getattr(s, p)
+        if not hasattr(d, p):
+            d.add_module(p, torch.nn.Module())
+        d = getattr(d, p)
+    setattr(d, last, getattr(s, last))
+
+
+def boxed(gm: fx.GraphModule) -> Any:
+    """gm as AOTAutograd's boxed callable, releasing each input once it is consumed."""
+    try:
+        from torch.fx.graph import _BoxedCodeGen
+    except ImportError:  # an older torch: inputs live until the graph returns
+        from functorch.compile import make_boxed_func
+
+        return make_boxed_func(gm.forward)
+    gm.graph.set_codegen(_BoxedCodeGen())
+    gm.recompile()
+    forward = gm.forward
+
+    def run(args: list) -> Any:
+        return forward(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def lower_graph(
+    gm: fx.GraphModule, kind: str, name: str, strict: bool = False, check: bool = False
+) -> Any:
+    """Compile one AOTAutograd graph; returns (boxed callable, GraphRecord)."""
+    t0 = time.perf_counter()
+    record = GraphRecord(kind, name, sum(1 for n in gm.graph.nodes if n.op == "call_function"))
+    record.aten_graph = "\n".join(describe(n) for n in gm.graph.nodes if n.op == "call_function")
+    planned = _plan_regions(gm, record, strict, check)
+    new_gm = rewrite(gm, planned)
+    record.module = new_gm
+    record.compile_seconds = time.perf_counter() - t0
+    return boxed(new_gm), record

@@ -1,0 +1,247 @@
+"""One fused region: its FusionDefinition, the module that runs it, and its eager fallback."""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from fuser.config import debug_print
+from fuser.dynamo.context import LOWERINGS, LowerCtx, NotLowerable, meta_of
+from fuser.dynamo.support import describe, is_free, op_name
+from fuser.errors import FuserError
+from fuser.frontend.builder import Tensor
+from fuser.frontend.fusion_definition import FusionDefinition
+from fuser.runtime.cache import digest
+
+# identical regions (the same blocks of a transformer) share one FusionDefinition, so
+# they share its plans and its compiled kernels
+_DEFINITIONS: dict[str, FusionDefinition] = {}
+
+
+@dataclass
+class RegionRecord:
+    """What explain shows about one region."""
+
+    name: str
+    nodes: list[str]
+    ops: str
+    inputs: int
+    outputs: int
+    fd: FusionDefinition | None = None
+    fallback: str | None = None  # why it runs as ATen ops, if it does
+    calls: int = 0
+    restrided: list[str] = field(default_factory=list)
+
+    @property
+    def fused(self) -> bool:
+        return self.fallback is None and self.fd is not None
+
+    @property
+    def kernels(self) -> list[Any]:
+        return self.fd.kernels if self.fused and self.fd is not None else []
+
+
+@dataclass
+class RegionPlan:
+    """The FX side of a region: its nodes, what flows in and out, what is duplicated."""
+
+    nodes: list[fx.Node]
+    inputs: list[fx.Node]
+    outputs: list[fx.Node]
+    duplicated: list[fx.Node]  # views/constants also kept as ATen nodes for outside users
+
+    @staticmethod
+    def of(nodes: list[fx.Node]) -> RegionPlan:
+        inside = set(nodes)
+        # a free node (view, constant) used outside stays an ATen node for those users, so
+        # the region never materializes a broadcast it does not need
+        dup = [n for n in nodes if is_free(n) and any(u not in inside for u in n.users)]
+        outside = set(dup)
+        outputs = [
+            n
+            for n in nodes
+            if n not in outside and any(u not in inside or u in outside for u in n.users)
+        ]
+        inputs: dict[fx.Node, None] = {}
+        for n in nodes:
+            for p in n.all_input_nodes:
+                if p not in inside:
+                    inputs.setdefault(p)
+        return RegionPlan(list(nodes), list(inputs), outputs, dup)
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for n in self.nodes:
+            if n.target is not operator.getitem:
+                name = op_name(n).removeprefix("aten.")
+                counts[name] = counts.get(name, 0) + 1
+        return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in counts.items())
+
+
+def build_definition(plan: RegionPlan) -> tuple[FusionDefinition, list[tuple[str, int]]]:
+    """The region as a FusionDefinition, and for each region output where it comes from:
+    ("fd", k) for the definition's output k, ("in", j) for region input j itself."""
+    fd = FusionDefinition("region")
+    ctx = LowerCtx(fd)
+    inputs = [ctx.define_input(p) for p in plan.inputs]
+    for n in plan.nodes:
+        if n.target is operator.getitem:
+            src = ctx.values[n.args[0]]
+            ctx.values[n] = src[n.args[1]]
+            continue
+        outs = LOWERINGS[n.target](ctx, n)
+        ctx.values[n] = outs[0] if isinstance(meta_of(n), torch.Tensor) else outs
+    slots: list[tuple[str, int]] = []
+    added: dict[int, int] = {}
+    for o in plan.outputs:
+        t = ctx.values[o]
+        if not isinstance(t, Tensor):
+            raise NotLowerable(f"region output {o.name} is not a tensor")
+        j = next((j for j, i in enumerate(inputs) if i.value.id == t.value.id), None)
+        if j is not None:
+            slots.append(("in", j))
+            continue
+        if t.value.id not in added:
+            added[t.value.id] = len(added)
+            fd.add_output(t)
+        slots.append(("fd", added[t.value.id]))
+    if not added:
+        raise NotLowerable("the region computes nothing (only identities of its inputs)")
+    fd.graph  # finalize: verify now, not at the first run  # noqa: B018
+    key = repr(fd)
+    shared = _DEFINITIONS.setdefault(key, fd)
+    shared.name = "fx_" + digest(key)[:10]
+    return shared, slots
+
+
+def meta_inputs(plan: RegionPlan) -> list[torch.Tensor]:
+    """Meta tensors shaped, strided and typed like the region's inputs, for planning."""
+    out = []
+    for p in plan.inputs:
+        m = meta_of(p)
+        out.append(torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device="meta"))
+    return out
+
+
+def eager_module(plan: RegionPlan) -> fx.GraphModule:
+    """The region's original ATen ops as a module: the fallback when fuser gives up."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for p in plan.inputs:
+        env[p] = g.placeholder(p.name)
+        env[p].meta = dict(p.meta)
+    for n in plan.nodes:
+        env[n] = g.node_copy(n, env.__getitem__)
+    g.output(tuple(env[o] for o in plan.outputs))
+    return fx.GraphModule(torch.nn.Module(), g, "eager_region")
+
+
+def _dense(shape: torch.Size, stride: tuple[int, ...]) -> bool:
+    """Whether the strides are a permutation of some contiguous layout (no gaps, no overlap)."""
+    expect = 1
+    for st, size in sorted((st, size) for size, st in zip(shape, stride) if size != 1):
+        if st != expect:
+            return False
+        expect *= size
+    return True
+
+
+def _layout(node: fx.Node) -> tuple[int, ...] | None:
+    """Strides ATen gives this output when they are not the contiguous ones."""
+    m = meta_of(node)
+    if m.is_contiguous() or not _dense(m.shape, m.stride()):
+        return None
+    return tuple(m.stride())
+
+
+class FusedRegion(torch.nn.Module):
+    """Runs a region's FusionDefinition; falls back to its ATen ops if fuser fails."""
+
+    def __init__(
+        self,
+        plan: RegionPlan,
+        fd: FusionDefinition,
+        slots: list[tuple[str, int]],
+        record: RegionRecord,
+        strict: bool,
+        check: bool = False,
+    ):
+        super().__init__()
+        self.fd, self.slots, self.record, self.strict = fd, slots, record, strict
+        self.check = check
+        self.eager = eager_module(plan)
+        self.layouts = [_layout(o) for o in plan.outputs]
+        record.restrided = [o.name for o, s in zip(plan.outputs, self.layouts) if s]
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.record.calls += 1
+        if self.record.fallback is None:
+            try:
+                outs = self.fd.execute(list(args))
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as e:
+                if self.strict:
+                    raise
+                self._give_up(e)
+            else:
+                result = self._pack(outs, args)
+                if self.check:
+                    self._compare(result, self.eager(*args))
+                return result
+        return self.eager(*args)
+
+    def _compare(self, got: tuple, want: tuple) -> None:
+        for i, (g, w) in enumerate(zip(got, want)):
+            tol = 1e-2 if w.dtype in (torch.float16, torch.bfloat16) else 1e-4
+            if g.shape != w.shape or g.dtype != w.dtype:
+                raise AssertionError(
+                    f"fuser check: {self.record.name} output {i} is {g.dtype}{list(g.shape)}, "
+                    f"ATen gives {w.dtype}{list(w.shape)}"
+                )
+            if not torch.allclose(g.float(), w.float(), atol=tol, rtol=tol, equal_nan=True):
+                err = (g.float() - w.float()).abs().max().item()
+                raise AssertionError(
+                    f"fuser check: {self.record.name} output {i} differs from ATen by {err:.3g}"
+                    f"\n{self.fd!r}"
+                )
+
+    def _give_up(self, e: Exception) -> None:
+        kind = "fuser error" if isinstance(e, FuserError) else "unexpected error"
+        reason = f"{kind} at run time: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        self.record.fallback = reason
+        warnings.warn(
+            f"fuser: region {self.record.name} runs as ATen ops from now on: {reason}",
+            stacklevel=3,
+        )
+        debug_print(1, f"[fuser.dynamo] {self.record.name}: {reason}")
+
+    def _pack(self, outs: list[torch.Tensor], args: tuple) -> tuple[torch.Tensor, ...]:
+        storages = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        result, seen = [], set()
+        for (kind, k), stride in zip(self.slots, self.layouts):
+            t = outs[k] if kind == "fd" else args[k]
+            # an output must never alias an input or another output: the graph is functional
+            if kind == "in" or k in seen or t.untyped_storage().data_ptr() in storages:
+                t = t.clone()
+            if kind == "fd":
+                seen.add(k)
+            if stride is not None and t.stride() != stride:
+                t = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+            result.append(t)
+        return tuple(result)
+
+
+def record_for(name: str, plan: RegionPlan) -> RegionRecord:
+    return RegionRecord(
+        name,
+        [describe(n) for n in plan.nodes],
+        plan.summary(),
+        len(plan.inputs),
+        len(plan.outputs),
+    )

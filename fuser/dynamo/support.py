@@ -1,0 +1,192 @@
+"""Which FX nodes fuser can take, and why the others stay ATen calls.
+
+A node is fusible when its lowering succeeds on its own: it is lowered into a scratch
+FusionDefinition whose inputs are the node's operands. The lowering is the single source
+of truth, so `explain` reports exactly the message that stopped it.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+import fuser.dynamo.composites  # noqa: F401  (registers the lowerings)
+import fuser.dynamo.pointwise  # noqa: F401
+import fuser.dynamo.reductions  # noqa: F401
+from fuser.dynamo.context import FREE, LOWERINGS, LowerCtx, NotLowerable
+from fuser.errors import FuserError
+from fuser.frontend.fusion_definition import FusionDefinition
+
+aten = torch.ops.aten
+
+# pure Python calls FX graphs contain besides ATen ops (size arithmetic on SymInts)
+_PURE_PY = {
+    operator.getitem,
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.floordiv,
+    operator.truediv,
+    operator.mod,
+    operator.neg,
+    operator.pow,
+    operator.eq,
+    operator.ne,
+    operator.lt,
+    operator.le,
+    operator.gt,
+    operator.ge,
+}
+
+# why an op with no lowering stays in ATen: (test on the op's base name, reason)
+_CATEGORIES = [
+    (
+        lambda b: (
+            b in {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_int_mm"}
+            or b.startswith("convolution")
+        ),
+        "matmul/convolution: stays with cuBLAS/cuDNN through ATen",
+    ),
+    (
+        lambda b: "attention" in b or "scaled_dot_product" in b,
+        "attention: stays with ATen's SDPA kernels",
+    ),
+    (
+        lambda b: (
+            b.startswith(("embedding", "index", "gather", "scatter", "_unsafe_index"))
+            or b in {"take", "nonzero", "masked_select"}
+        ),
+        "indexing/gather/scatter: fuser IR has no indexed loads or stores",
+    ),
+    (
+        lambda b: (
+            b
+            in {
+                "t",
+                "transpose",
+                "permute",
+                "split",
+                "split_with_sizes",
+                "slice",
+                "select",
+                "cat",
+                "stack",
+                "squeeze",
+                "as_strided",
+                "unbind",
+                "narrow",
+                "chunk",
+                "constant_pad_nd",
+                "slice_backward",
+                "select_backward",
+                "detach",
+                "lift_fresh_copy",
+                "_reshape_alias",
+                "unfold",
+                "flip",
+                "roll",
+            }
+        ),
+        "layout op: an ATen view (free) or a copy that fuser IR (no transpose, slice or "
+        "concatenation) cannot express",
+    ),
+    (
+        lambda b: (
+            b
+            in {
+                "arange",
+                "empty",
+                "empty_strided",
+                "zeros",
+                "ones",
+                "new_empty",
+                "new_zeros",
+                "full_like",
+                "zeros_like",
+                "ones_like",
+                "empty_like",
+            }
+        ),
+        "allocation/constant factory: stays an ATen call",
+    ),
+]
+
+
+def op_name(node: fx.Node) -> str:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t.namespace}.{t._schema.name.split('::')[-1]}" + (
+            f".{t._overloadname}" if t._overloadname != "default" else ""
+        )
+    return getattr(t, "__name__", str(t))
+
+
+def is_side_effect(node: fx.Node) -> bool:
+    """Mutation, RNG, asserts, and anything unknown: never moved past one another."""
+    if node.op in ("call_module", "call_method"):
+        return True
+    if node.op != "call_function":
+        return False
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        schema = t._schema
+        return (
+            schema.is_mutable
+            or torch.Tag.nondeterministic_seeded in t.tags
+            or len(schema.returns) == 0
+        )
+    if t in _PURE_PY or getattr(t, "__module__", "") in ("_operator", "math"):
+        return False
+    return not str(getattr(t, "__module__", "")).startswith("torch.fx.experimental.sym_node")
+
+
+def fallback_reason(node: fx.Node) -> str:
+    """Why a node without a lowering stays an ATen call."""
+    t = node.target
+    if node.op != "call_function":
+        return f"{node.op} nodes stay as they are"
+    if not isinstance(t, torch._ops.OpOverload):
+        return f"Python call {op_name(node)} (size arithmetic or a higher-order op)"
+    if t._schema.is_mutable:
+        return "in-place/mutating op: stays in ATen, in program order"
+    if torch.Tag.nondeterministic_seeded in t.tags:
+        return "random op: stays in ATen so the random stream matches eager"
+    base = t._schema.name.split("::")[-1]
+    for test, why in _CATEGORIES:
+        if test(base):
+            return why
+    return f"no fuser lowering for {op_name(node)}"
+
+
+def try_lower(node: fx.Node) -> str | None:
+    """None if the node lowers on its own; otherwise the reason it does not."""
+    fn = LOWERINGS.get(node.target)
+    if fn is None:
+        return fallback_reason(node)
+    fd = FusionDefinition("probe")
+    ctx = LowerCtx(fd)
+    try:
+        for p in node.all_input_nodes:
+            ctx.define_input(p)
+        fn(ctx, node)
+    except (NotLowerable, FuserError) as e:
+        return str(e)
+    except Exception as e:  # a lowering bug must not break compilation: ATen runs it
+        return f"lowering failed ({type(e).__name__}: {e})"
+    return None
+
+
+def is_free(node: fx.Node) -> bool:
+    return node.target in FREE
+
+
+def describe(node: fx.Node) -> str:
+    """`name = op(args)` with shapes, for explain."""
+    val: Any = node.meta.get("val")
+    shape = ""
+    if isinstance(val, torch.Tensor):
+        shape = f" -> {str(val.dtype).replace('torch.', '')}{list(val.shape)}"
+    return f"{node.name} = {op_name(node)}{shape}"
