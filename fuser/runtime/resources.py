@@ -1,8 +1,9 @@
 """What the real compiler makes of a kernel: registers, stack/spills, shared memory.
 
-Works without a GPU: Triton compiles for GPUTarget("cuda", 90, 32) and the cubin is read
-with the cuobjdump that ships inside the Triton wheel. Triton's interpreter mode (chosen
-at import) cannot compile, so in that mode the compile runs in a child process.
+Works without a GPU: Triton compiles for GPUTarget("cuda", 90, 32), NVRTC compiles the
+CUDA backend's source for sm_90, and either cubin is read with the cuobjdump that ships
+inside the Triton wheel. Triton's interpreter mode (chosen at import) cannot compile, so
+in that mode a Triton compile runs in a child process; NVRTC runs in-process.
 """
 
 from __future__ import annotations
@@ -106,14 +107,29 @@ def _compile_triton(job: dict) -> dict:
             src, target=GPUTarget("cuda", job["arch"], 32), options={"num_warps": job["num_warps"]}
         )
         res = cubin_resources(compiled.asm["cubin"])
-    r = res.get(job["name"]) or next(iter(res.values()))
+    return _with_spills(res.get(job["name"]) or next(iter(res.values())))
+
+
+def _with_spills(r: dict[str, int]) -> dict:
     return {**r, "spill_bytes": r["stack"] + r["local"]}
+
+
+def cuda_resources(kernel: Any, arch: str = "sm_90") -> dict:
+    """NVRTC compiles the CUDA source to a cubin for `arch` (no GPU needed); cuobjdump
+    reads it. A split column reduction's finalize kernel is reported under "finalize"."""
+    from fuser.runtime.cuda_backend import compile_cubin
+
+    cubin = compile_cubin(kernel.source, kernel.name, arch, kernel.schedule.max_registers)
+    res = cubin_resources(cubin)
+    out = _with_spills(res.get(kernel.name) or next(iter(res.values())))
+    fin = res.get(kernel.name + "_finalize")
+    if fin is not None:
+        out["finalize"] = _with_spills(fin)
+    return out
 
 
 def kernel_resources(kernel: Any, arch: str = "sm_90") -> dict:
     if kernel.backend == "cuda":
-        from fuser.runtime.cuda_backend import cuda_resources
-
         return cuda_resources(kernel, arch)
     job = _job(kernel, arch)
     if not use_interpreter():

@@ -1,0 +1,186 @@
+"""Run generated CUDA kernels on the CPU: a test tier for machines with no GPU.
+
+The kernel source is compiled unchanged as C++20 with g++, after a small shim that
+defines what CUDA provides: `threadIdx`/`blockIdx`, `__syncthreads` (a block-wide
+std::barrier), `__shfl_xor_sync` (a per-warp exchange through memory), `__shared__`
+(function statics: blocks run one after another) and the math intrinsics. Only the
+16-bit conversion helpers, written with inline PTX, are swapped for host versions.
+Every CUDA thread is a std::thread, so the emulator is slow and meant for small shapes;
+it checks what the kernels compute (indexing, predicates, packs, reductions), not how
+fast. GPU runs remain the authority.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from fuser.codegen.cuda.templates import HELPERS, MEMORY
+from fuser.errors import CompileError, FuserError
+from fuser.runtime.cache import digest
+
+SHIM = r"""
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+static thread_local Dim3 threadIdx, blockIdx;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+struct BlockSync {
+    std::barrier<> block;
+    std::vector<std::barrier<>*> warps;
+    std::vector<uint64_t> lanes;
+    explicit BlockSync(int threads) : block(threads), lanes(threads) {
+        for (int w = 0; w < threads / 32; ++w) warps.push_back(new std::barrier<>(32));
+    }
+    ~BlockSync() { for (auto* w : warps) delete w; }
+};
+static BlockSync* g_sync = nullptr;
+
+inline void __syncthreads() { g_sync->block.arrive_and_wait(); }
+
+template <typename T> inline T __shfl_xor_sync(unsigned, T x, int offset) {
+    const int t = threadIdx.x, warp = t / 32;
+    uint64_t bits = 0;
+    std::memcpy(&bits, &x, sizeof(T));
+    g_sync->lanes[t] = bits;
+    g_sync->warps[warp]->arrive_and_wait();
+    bits = g_sync->lanes[warp * 32 + ((t % 32) ^ offset)];
+    g_sync->warps[warp]->arrive_and_wait();
+    T y;
+    std::memcpy(&y, &bits, sizeof(T));
+    return y;
+}
+
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline double __dsqrt_rn(double a) { return std::sqrt(a); }
+inline float rsqrtf(float a) { return 1.0f / std::sqrt(a); }
+inline double rsqrt(double a) { return 1.0 / std::sqrt(a); }
+
+struct fp16 { unsigned short bits; };
+inline float to_float(fp16 h) { _Float16 f; std::memcpy(&f, &h.bits, 2); return (float)f; }
+inline fp16 to_fp16(float x) { _Float16 f = (_Float16)x; fp16 h; std::memcpy(&h.bits, &f, 2); return h; }
+inline float round_fp16(float f) { return to_float(to_fp16(f)); }
+
+struct bf16 { unsigned short bits; };
+inline float to_float(bf16 h) { return __uint_as_float(static_cast<unsigned>(h.bits) << 16); }
+inline bf16 to_bf16(float f) {
+    unsigned u; std::memcpy(&u, &f, 4);
+    bf16 h;
+    if (f != f) { h.bits = 0x7fc0; return h; }
+    u += 0x7fff + ((u >> 16) & 1);
+    h.bits = (unsigned short)(u >> 16);
+    return h;
+}
+inline float round_bf16(float f) { return to_float(to_bf16(f)); }
+"""
+
+RUNNER = r"""
+extern "C" void fuser_emulate_{name}(void** args, unsigned gx, unsigned gy, unsigned gz,
+                                      int threads) {{
+    for (unsigned bz = 0; bz < gz; ++bz)
+        for (unsigned by = 0; by < gy; ++by)
+            for (unsigned bx = 0; bx < gx; ++bx) {{
+                BlockSync sync(threads);
+                g_sync = &sync;
+                std::vector<std::thread> pool;
+                for (int t = 0; t < threads; ++t)
+                    pool.emplace_back([=] {{
+                        threadIdx.x = t;
+                        blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz;
+                        {name}({call});
+                    }});
+                for (auto& th : pool) th.join();
+            }}
+}}
+"""
+
+_lock = threading.Lock()
+_libs: dict[str, ctypes.CDLL] = {}
+
+
+def available() -> bool:
+    """Whether a C++20 compiler is here to emulate kernels with."""
+    return shutil.which("g++") is not None
+
+
+def host_source(source: str, kernels: list[tuple[str, list[str]]]) -> str:
+    """`source` with the shim in front, the PTX helpers swapped out and one runner per
+    kernel ((name, C types of its pointer arguments))."""
+    body = source
+    for name in ("fp16", "bf16"):
+        body = body.replace(HELPERS[name], "")
+    runners = []
+    for name, types in kernels:
+        call = ", ".join(f"({t}*)args[{i}]" for i, t in enumerate(types))
+        runners.append(RUNNER.format(name=name, call=call))
+    return SHIM + "\n" + body + "\n" + "\n".join(runners)
+
+
+def _build(text: str) -> ctypes.CDLL:
+    key = digest(text)
+    with _lock:
+        if key in _libs:
+            return _libs[key]
+        folder = Path(tempfile.gettempdir()) / "fuser_emulate"
+        folder.mkdir(exist_ok=True)
+        src, lib = folder / f"k_{key}.cpp", folder / f"k_{key}.so"
+        if not lib.exists():
+            src.write_text(text)
+            tmp = folder / f"k_{key}.{threading.get_ident()}.so"
+            cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread"]
+            cmd += ["-w", str(src), "-o", str(tmp)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise CompileError(
+                    f"g++ could not build the emulated kernel:\n{proc.stderr[-4000:]}"
+                )
+            tmp.replace(lib)
+        _libs[key] = ctypes.CDLL(str(lib))
+        return _libs[key]
+
+
+def emulate(kernel: Any, tensors: list[Any]) -> None:
+    """Run `kernel` (backend "cuda") on CPU `tensors`, as launch_cuda does on a GPU."""
+    from fuser.codegen.cuda.kernels import finalize_threads
+    from fuser.codegen.cuda.templates import acc_type
+
+    if not available():
+        raise FuserError("emulating CUDA kernels needs g++ (C++20)")
+    s, spec = kernel.schedule, kernel.spec
+    types = [MEMORY[a.dtype] for a in spec.args]
+    types += [acc_type(n.inputs[0].dtype) for n in spec.reductions][: len(kernel.workspaces)]
+    kernels = [(kernel.name, types)]
+    if kernel.workspaces:
+        kernels.append((kernel.name + "_finalize", types))
+    lib = _build(host_source(kernel.source, kernels))
+    work = kernel._workspace_tensors(tensors[0].device)
+    ptrs = [t.data_ptr() for t in [*tensors, *work]]
+    args = (ctypes.c_void_p * len(ptrs))(*ptrs)
+    grid = (*s.grid, 1, 1)[:3]
+    getattr(lib, f"fuser_emulate_{kernel.name}")(args, *map(ctypes.c_uint, grid), s.threads)
+    if kernel.workspaces:
+        fin = getattr(lib, f"fuser_emulate_{kernel.name}_finalize")
+        fin(args, ctypes.c_uint(grid[0]), ctypes.c_uint(1), ctypes.c_uint(1), finalize_threads(s))

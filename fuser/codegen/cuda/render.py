@@ -1,0 +1,507 @@
+"""Render a KernelSpec + Schedule as CUDA C++ source (compiled with NVRTC).
+
+Like the Triton renderer, every kernel is written for its exact input signature: sizes,
+strides and alignment are literals. What CUDA adds is spelled out:
+
+- a thread owns `vector` consecutive columns of a row and moves them with one 16-byte
+  (or the widest legal) packed access; an argument whose alignment or strides forbid
+  that gets narrower packs or strided scalar accesses;
+- values that live across a reduction are register arrays `t13[c][i]` indexed only by
+  fully unrolled loops, so nothing lands in local memory;
+- row reductions are warp shuffles, then shared memory across the warps of a row;
+- when the split is exact the code carries no predicates; otherwise only the tail chunk
+  and the last row block are predicated.
+
+Every memory access belongs to a *nest*: the slots a thread walks in one pass (the
+chunks of a row, the vectors of a pointwise tile, the rows in flight of a column
+reduction). A nest first issues the loads of all its slots, then computes element by
+element and stores, so every load is in flight at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from fuser.codegen.cuda.templates import (
+    COMPUTE,
+    HALF,
+    MEMORY,
+    REDUCE_FN,
+    ROUNDED,
+    acc_type,
+    combine,
+    from_memory,
+    helpers_for,
+    identity,
+    literal,
+    render_op,
+    round_to,
+    to_memory,
+)
+from fuser.codegen.header import header_lines
+from fuser.codegen.writer import Writer
+from fuser.errors import CompileError
+from fuser.ir.dtypes import DType
+from fuser.ir.graph import Node, Value
+from fuser.ir.ops import COMPARE, ELEMENTWISE, LOGICAL, REDUCE, UNARY_BOOL, Op
+from fuser.schedulers.schedule import Schedule
+from fuser.schedulers.spec import Arg, KernelSpec
+from fuser.segmenter import Kind
+
+# C types in the order C++ promotes them (the widest operand of a comparison decides)
+_RANK = {"bool": 0, "int": 1, "long long": 2, "float": 3, "double": 4}
+_CT_DTYPE = {
+    "double": DType.float64,
+    "long long": DType.int64,
+    "int": DType.int32,
+    "bool": DType.bool,
+}
+
+
+@dataclass
+class Region:
+    """Slots of a nest with one width: `header` loops over them (empty: one slot, named
+    in `setup`); `setup` defines the slot's `row`/`col` and its guards."""
+
+    header: str
+    setup: list[str]
+    width: int
+    row_ok: str | None = None
+    col_ok: str | None = None
+
+
+@dataclass
+class Nest:
+    """One pass of a thread over its slots.
+
+    nodes: element-level nodes computed here (plus slot-level ROW nodes if row_level);
+    reductions: accumulated element by element into `acc(node)`, masked by the region's
+    column guard (`reduce_guard="col"`, row reductions) or row guard ("row");
+    keep: values this nest writes into register arrays for later nests;
+    given: values defined at the top of the element loop (id -> C expression);
+    store_when: an extra condition for storing outputs of a kind (first row or column).
+    """
+
+    regions: list[Region]
+    slots: int
+    var: str
+    nodes: list[Node]
+    reductions: list[Node] = field(default_factory=list)
+    acc: Callable[[Node], str] = lambda n: f"acc_{n.out.name}"
+    reduce_guard: str = "col"
+    keep: set[int] = field(default_factory=set)
+    row_level: bool = False
+    given: dict[int, str] = field(default_factory=dict)
+    store_when: dict[Kind, str] = field(default_factory=dict)
+
+
+class CudaKernelWriter:
+    def __init__(self, spec: KernelSpec, schedule: Schedule):
+        self.spec, self.s = spec, schedule
+        self.w = Writer()
+        self.args = {a.value.id: a for a in spec.args}
+        self.consts = {n.out.id: n for n in spec.nodes if n.op == Op.CONST}
+        self.producer = {v.id: n for n in spec.nodes for v in n.outputs}
+        self.idx = "long long" if schedule.index_bits == 64 else "int"
+        self.arrays: set[int] = set()  # values in [slot][i] register arrays
+        self.col_arrays: set[int] = set()  # COL values a thread holds in [i] arrays
+        self.slot_var = "c"
+        self._cheap: dict[int, bool] = {}
+
+    # -- values ------------------------------------------------------------------------
+    def kind(self, v: Value) -> Kind:
+        return self.spec.kind(v)
+
+    def value(self, vid: int) -> Value:
+        n = self.producer.get(vid)
+        if n is not None:
+            return next(v for v in n.outputs if v.id == vid)
+        return self.args[vid].value
+
+    def ref(self, v: Value) -> str:
+        """How the current scope spells `v`."""
+        if v.id in self.consts:
+            n = self.consts[v.id]
+            return literal(n.attr("value"), n.attr("dtype"))
+        if v.id in self.arrays:
+            return f"{v.name}[{self.slot_var}][i]"
+        if v.id in self.col_arrays:
+            return f"{v.name}[i]"
+        return v.name
+
+    def operand(self, v: Value, ct: str) -> str:
+        """`v` as C type `ct`: constants are written in it, other values converted."""
+        if v.id in self.consts:
+            value, dtype = self.consts[v.id].attr("value"), self.consts[v.id].attr("dtype")
+            # a float constant stays float32 (or its own 16-bit value) next to float32 math:
+            # a double literal would pull the whole expression into float64
+            target = (dtype if dtype in HALF else DType.float32) if ct == "float" else _CT_DTYPE[ct]
+            return literal(value, target)
+        x = self.ref(v)
+        return x if COMPUTE[v.dtype] == ct else f"({ct}){x}"
+
+    def expr(self, node: Node) -> str:
+        """The C expression of an elementwise, broadcast or iota node."""
+        out, op = node.out, node.op
+        ct = COMPUTE[out.dtype]
+        if op == Op.BROADCAST_IN_DIM:
+            return self.operand(node.inputs[0], ct)
+        if op == Op.IOTA:
+            return f"({ct})(col + i)"
+        if op == Op.CAST:
+            return self.cast(node.inputs[0], out.dtype)
+        if op not in ELEMENTWISE:
+            raise CompileError(f"cannot render {op.value} for cuda")
+        if op in COMPARE or op in LOGICAL or op in UNARY_BOOL:
+            types = [COMPUTE[v.dtype] for v in node.inputs if v.id not in self.consts]
+            opct = "bool" if op in LOGICAL else max(types or ["float"], key=_RANK.__getitem__)
+            args = [
+                self.operand(v, opct) if v.id in self.consts or op in LOGICAL else self.ref(v)
+                for v in node.inputs
+            ]
+            return render_op(op, args, opct)
+        if op == Op.WHERE:
+            args = [self.operand(node.inputs[0], "bool")]
+            args += [self.operand(v, ct) for v in node.inputs[1:]]
+        else:
+            args = [self.operand(v, ct) for v in node.inputs]
+        e = render_op(op, args, ct)
+        return round_to(e, out.dtype) if out.dtype in HALF and op in ROUNDED else e
+
+    def cast(self, src: Value, dst: DType) -> str:
+        if src.id in self.consts:  # fold: the literal in the new dtype
+            return literal(self.consts[src.id].attr("value"), dst)
+        x, ct = self.ref(src), COMPUTE[dst]
+        if dst == DType.bool:
+            return f"({x} != 0)"
+        if dst in HALF:
+            if src.dtype == dst:
+                return x
+            return round_to(x if COMPUTE[src.dtype] == "float" else f"(float){x}", dst)
+        return x if COMPUTE[src.dtype] == ct else f"({ct}){x}"
+
+    def define(self, node: Node) -> None:
+        """Emit `node` in the current scope: an array element or a local constant."""
+        if node.op == Op.CONST:
+            return
+        v = node.out
+        if v.id in self.arrays or v.id in self.col_arrays:
+            self.w.line(f"{self.ref(v)} = {self.expr(node)};")
+        else:
+            self.w.line(f"const {COMPUTE[v.dtype]} {v.name} = {self.expr(node)};")
+
+    # -- memory ------------------------------------------------------------------------
+    def offset(self, a: Arg) -> str:
+        """Element offset of `a` at the scope's `row` and `col` (a slot's first column)."""
+        terms = []
+        if a.kind in (Kind.FULL, Kind.ROW) and a.row_stride:
+            terms.append("row" if a.row_stride == 1 else f"row * {a.row_stride}")
+        if a.kind in (Kind.FULL, Kind.COL) and a.col_stride:
+            terms.append("col" if a.col_stride == 1 else f"col * {a.col_stride}")
+        return " + ".join(terms) or "0"
+
+    def pack_width(self, a: Arg, width: int) -> int:
+        """Elements per access of `a` in a slot of `width`: as many as alignment allows.
+
+        A slot's first column is a multiple of its width, so a pack of p elements is
+        aligned when the pointer is aligned to p elements and the row stride keeps it so.
+        """
+        if a.kind not in (Kind.FULL, Kind.COL) or a.col_stride != 1:
+            return 1
+        p, size = width, a.dtype.itemsize
+        while p > 1 and (
+            a.align % (p * size)
+            or p * size > 16
+            or (a.kind == Kind.FULL and self.spec.rows > 1 and a.row_stride % p)
+        ):
+            p //= 2
+        return p
+
+    def access(self, a: Arg, width: int, arr: str, load: bool) -> list[str]:
+        """Statements moving `width` elements between `a` at (row, col) and array `arr`."""
+        ptr, off = f"{a.name}_ptr", self.offset(a)
+        p = self.pack_width(a, width)
+        if p > 1:
+            fn = "load_pack" if load else "store_pack"
+            if p == width:
+                pair = (arr, f"{ptr} + {off}") if load else (f"{ptr} + {off}", arr)
+                return [f"{fn}<{p}>({pair[0]}, {pair[1]});"]
+            pair = (f"{arr} + k", f"{ptr} + {off} + k")
+            pair = pair if load else pair[::-1]
+            return [
+                "#pragma unroll",
+                f"for (int k = 0; k < {width}; k += {p}) {fn}<{p}>({pair[0]}, {pair[1]});",
+            ]
+        if width == 1:
+            mem, el = f"{ptr}[{off}]", f"{arr}[0]"
+            return [f"{el} = {mem};" if load else f"{mem} = {el};"]
+        step = "k" if a.col_stride == 1 else f"k * {a.col_stride}"
+        mem, el = f"{ptr}[{off} + {step}]", f"{arr}[k]"
+        stmt = f"{el} = {mem};" if load else f"{mem} = {el};"
+        return ["#pragma unroll", f"for (int k = 0; k < {width}; ++k) {stmt}"]
+
+    def guard(self, a: Arg, region: Region) -> str | None:
+        parts = []
+        if a.kind in (Kind.FULL, Kind.ROW) and region.row_ok:
+            parts.append(region.row_ok)
+        if a.kind in (Kind.FULL, Kind.COL) and region.col_ok:
+            parts.append(region.col_ok)
+        return " && ".join(parts) or None
+
+    def guarded(self, cond: str | None, stmts: list[str]) -> None:
+        if not cond:
+            for s in stmts:
+                self.w.line(s)
+        elif len(stmts) == 1:
+            self.w.line(f"if ({cond}) {stmts[0]}")
+        else:
+            with self.w.block(f"if ({cond}) {{", "}"):
+                for s in stmts:
+                    self.w.line(s)
+
+    # -- one value per thread ------------------------------------------------------------
+    def thread_inputs(self, kinds: tuple[Kind, ...], row_ok: str | None) -> None:
+        """Load every input of `kinds` (ROW, SCALAR) as one value per thread."""
+        for a in self.spec.inputs:
+            if a.kind not in kinds:
+                continue
+            ct = COMPUTE[a.dtype]
+            mem = from_memory(f"{a.name}_ptr[{self.offset(a)}]", a.dtype)
+            if a.kind == Kind.ROW and row_ok:
+                mem = f"{row_ok} ? {mem} : ({ct})0"
+            self.w.line(f"const {ct} {a.name} = {mem};")
+
+    def store_value(self, v: Value, cond: str | None) -> None:
+        """Store `v` (a per-thread value) if it is an output, under `cond`."""
+        a = self.args.get(v.id)
+        if a is not None and a.is_output:
+            stmt = f"{a.name}_ptr[{self.offset(a)}] = {to_memory(self.ref(v), a.dtype)};"
+            self.guarded(cond, [stmt])
+
+    def thread_nodes(self, nodes: Iterable[Node], row_cond: str | None) -> None:
+        """ROW/SCALAR nodes, one value per thread; ROW outputs stored under `row_cond`."""
+        for n in nodes:
+            self.define(n)
+            if self.kind(n.out) == Kind.SCALAR:
+                self.store_value(n.out, "blockIdx.x == 0 && threadIdx.x == 0")
+            else:
+                self.store_value(n.out, row_cond)
+
+    def scalar_prologue(self) -> None:
+        """SCALAR inputs and the nodes computed from them alone."""
+        self.thread_inputs((Kind.SCALAR,), None)
+        self.thread_nodes(
+            [n for n in self.spec.nodes if self.kind(n.out) == Kind.SCALAR and n.op != Op.CONST],
+            None,
+        )
+
+    # -- reductions ----------------------------------------------------------------------
+    def row_reduce(self, n: Node, tpr: int, rows_per_block: int) -> None:
+        """Combine a row's per-thread accumulators into the ROW value n.out."""
+        x, out = n.inputs[0], n.out
+        at, fn, acc = acc_type(x.dtype), f"{REDUCE_FN[n.op]}()", f"acc_{out.name}"
+        if tpr > 32:
+            part = f"part_{out.name}"
+            self.w.line(f"__shared__ {at} {part}[{rows_per_block * tpr // 32}];")
+            total = f"row_reduce<{tpr}>({acc}, {fn}, {part})"
+        else:
+            total = f"warp_reduce<{tpr}>({acc}, {fn})"
+        ct = COMPUTE[out.dtype]
+        total = total if at == ct else f"({ct}){total}"
+        self.w.line(f"const {ct} {out.name} = {round_to(total, out.dtype)};")
+
+    def declare_acc(self, n: Node, width: int | None = None) -> None:
+        x = n.inputs[0]
+        at, init = acc_type(x.dtype), identity_of(n)
+        if width is None:
+            self.w.line(f"{at} acc_{n.out.name} = {init};")
+            return
+        self.w.line(f"{at} acc_{n.out.name}[{width}];")
+        self.w.line("#pragma unroll")
+        self.w.line(f"for (int i = 0; i < {width}; ++i) acc_{n.out.name}[i] = {init};")
+
+    # -- nests ---------------------------------------------------------------------------
+    def nest_inputs(self, nest: Nest) -> list[Arg]:
+        """Inputs this nest loads: those its nodes use that no register array holds."""
+        seen: set[int] = set()
+        out = []
+        kept = [self.value(i) for i in sorted(nest.keep) if i in self.args]
+        for v in [*kept, *(x for n in [*nest.nodes, *nest.reductions] for x in n.inputs)]:
+            a = self.args.get(v.id)
+            if a is None or a.is_output or v.id in seen:
+                continue
+            held = (v.id in self.arrays or v.id in self.col_arrays) and v.id not in nest.keep
+            per_thread = a.kind == Kind.SCALAR or (a.kind == Kind.ROW and not nest.row_level)
+            if held or per_thread:
+                continue
+            seen.add(v.id)
+            out.append(a)
+        return out
+
+    def emit_nest(self, nest: Nest) -> None:
+        """Loads of FULL (and per-slot ROW) inputs for every slot first, then per slot:
+        column inputs (cache hits, loaded where used), the elements, the stores."""
+        w, slot = self.w, f"[{nest.var}]"
+        self.slot_var = nest.var
+        width = max(r.width for r in nest.regions)
+        loads = self.nest_inputs(nest)
+        early = [a for a in loads if a.kind != Kind.COL]
+        masked = any(self.guard(a, r) for a in early for r in nest.regions)
+        for a in early:
+            dims = f"[{nest.slots}]" + (f"[{width}]" if a.kind != Kind.ROW else "")
+            w.line(f"{MEMORY[a.dtype]} {a.name}_v{dims}{' = {}' if masked else ''};")
+        if early:
+            w.comment("loads of every slot first, so that they are all in flight together", "//")
+            for r in nest.regions:
+                with self.region(r):
+                    for a in early:
+                        if a.kind == Kind.ROW:
+                            stmts = [f"{a.name}_v{slot} = {a.name}_ptr[{self.offset(a)}];"]
+                        else:
+                            stmts = self.access(a, r.width, f"{a.name}_v{slot}", True)
+                        self.guarded(self.guard(a, r), stmts)
+        for r in nest.regions:
+            with self.region(r):
+                self.nest_body(nest, r, loads, slot)
+
+    @contextmanager
+    def region(self, r: Region) -> Iterator[None]:
+        if r.header:
+            self.w.line("#pragma unroll")
+        with self.w.block(f"{r.header} {{" if r.header else "{", "}"):
+            for line in r.setup:
+                self.w.line(line)
+            yield
+
+    def nest_body(self, nest: Nest, r: Region, loads: list[Arg], slot: str) -> None:
+        w = self.w
+        row_nodes = [n for n in nest.nodes if self.kind(n.out) in (Kind.ROW, Kind.SCALAR)]
+        elem_nodes = [n for n in nest.nodes if n not in row_nodes]
+        computed = {n.out.id for n in nest.nodes} | set(nest.given)
+        outs = [a for a in self.spec.outputs if a.value.id in computed]
+        for a in loads:
+            if a.kind == Kind.ROW:
+                mem = from_memory(f"{a.name}_v{slot}", a.dtype)
+                w.line(f"const {COMPUTE[a.dtype]} {a.name} = {mem};")
+            elif a.kind == Kind.COL:
+                guard = self.guard(a, r)
+                w.line(f"{MEMORY[a.dtype]} {a.name}_v[{r.width}]{' = {}' if guard else ''};")
+                self.guarded(guard, self.access(a, r.width, f"{a.name}_v", True))
+        for n in row_nodes:
+            self.define(n)
+        for a in outs:
+            if a.kind == Kind.ROW:
+                cond = [c for c in (r.row_ok, nest.store_when.get(Kind.ROW)) if c]
+                self.store_value(a.value, " && ".join(cond) or None)
+        vec_outs = [a for a in outs if a.kind in (Kind.FULL, Kind.COL)]
+        for a in vec_outs:
+            w.line(f"{MEMORY[a.dtype]} {a.name}_o[{r.width}];")
+        w.line("#pragma unroll")
+        with w.block(f"for (int i = 0; i < {r.width}; ++i) {{", "}"):
+            for vid, e in nest.given.items():
+                v = self.value(vid)
+                w.line(f"const {COMPUTE[v.dtype]} {v.name} = {e};")
+            for a in loads:
+                if a.kind != Kind.ROW:
+                    arr = f"{a.name}_v" + (slot if a.kind == Kind.FULL else "")
+                    e = from_memory(f"{arr}[i]", a.dtype)
+                    if a.value.id in nest.keep:
+                        w.line(f"{self.ref(a.value)} = {e};")
+                    else:
+                        w.line(f"const {COMPUTE[a.dtype]} {a.name} = {e};")
+            for n in elem_nodes:
+                self.define(n)
+            guard = r.col_ok if nest.reduce_guard == "col" else r.row_ok
+            for n in nest.reductions:
+                x, acc = n.inputs[0], nest.acc(n)
+                stmt = f"{acc} = {combine(n.op, acc, self.operand(x, acc_type(x.dtype)))};"
+                w.line(f"if ({guard}) {stmt}" if guard else stmt)
+            for a in vec_outs:
+                w.line(f"{a.name}_o[i] = {to_memory(self.ref(a.value), a.dtype)};")
+        for a in vec_outs:
+            cond = [c for c in (self.guard(a, r), nest.store_when.get(a.kind)) if c]
+            self.guarded(" && ".join(cond) or None, self.access(a, r.width, f"{a.name}_o", False))
+
+    # -- cones ---------------------------------------------------------------------------
+    def cone(self, targets: Iterable[Value], stop: Callable[[Value], bool]) -> list[Node]:
+        """Nodes (in order) computing `targets`, not crossing values where `stop` holds,
+        reductions or constants."""
+        need: set[int] = set()
+        stack = list(targets)
+        while stack:
+            v = stack.pop()
+            n = self.producer.get(v.id)
+            if n is None or id(n) in need or n.op in REDUCE or n.op == Op.CONST or stop(v):
+                continue
+            need.add(id(n))
+            stack += list(n.inputs)
+        return [n for n in self.spec.nodes if id(n) in need]
+
+    def cheap(self, v: Value) -> bool:
+        """True when `v` depends on no FULL input (a broadcast, an iota, a column or row
+        value): cheaper to recompute in every nest than to keep in registers."""
+        if v.id not in self._cheap:
+            a, n = self.args.get(v.id), self.producer.get(v.id)
+            if a is not None and not a.is_output:
+                r = a.kind != Kind.FULL
+            elif n is None or n.op in REDUCE:
+                r = True
+            else:
+                r = all(self.cheap(x) for x in n.inputs)
+            self._cheap[v.id] = r
+        return self._cheap[v.id]
+
+    # -- kernel frame --------------------------------------------------------------------
+    def workspaces(self) -> list[tuple[str, str]]:
+        """(name, C type) of the partial-sum buffers of a split column reduction."""
+        from fuser.codegen.triton.kernels import workspaces
+
+        names = workspaces(self.spec, self.s)
+        return [(nm, acc_type(n.inputs[0].dtype)) for nm, n in zip(names, self.spec.reductions)]
+
+    def signature(self, name: str, threads: int) -> str:
+        params = []
+        for a in self.spec.args:
+            const = "" if a.is_output else "const "
+            params.append(f"{const}{MEMORY[a.dtype]}* __restrict__ {a.name}_ptr")
+        params += [f"{ct}* __restrict__ {ws}_ptr" for ws, ct in self.workspaces()]
+        blocks = min_blocks(self.s, threads)
+        bounds = f"{threads}, {blocks}" if blocks > 1 else f"{threads}"
+        return (
+            f'extern "C" __global__ void __launch_bounds__({bounds})\n{name}({", ".join(params)})'
+        )
+
+    def constants(self, **names: int) -> None:
+        """`constexpr int` lines naming the schedule's numbers used in the body."""
+        self.w.line("constexpr int " + ", ".join(f"{k} = {v}" for k, v in names.items()) + ";")
+
+
+def identity_of(n: Node) -> str:
+    return identity(n.op, n.inputs[0].dtype)
+
+
+def min_blocks(schedule: Schedule, threads: int) -> int:
+    """Blocks per SM for `__launch_bounds__`: only a schedule with a register cap asks for
+    more than one (the cap is the scheduler's decision; without one, ptxas chooses)."""
+    if not schedule.max_registers:
+        return 1
+    return max(1, 65536 // (threads * schedule.max_registers))
+
+
+def render_cuda(spec: KernelSpec, schedule: Schedule) -> str:
+    """CUDA C++ source for one kernel (plus its finalize kernel for split reductions)."""
+    from fuser.codegen.cuda.kernels import RENDERERS
+
+    if schedule.kind not in RENDERERS:
+        raise CompileError(f"cannot render a {schedule.kind} schedule for cuda")
+    kw = CudaKernelWriter(spec, schedule)
+    body = RENDERERS[schedule.kind](kw)
+    top = Writer()
+    top.comment("\n".join(header_lines(spec, schedule, "cuda")), "//")
+    top.line()
+    for h in helpers_for(body):
+        top.lines += h.splitlines()
+        top.line()
+    return top.text() + body

@@ -1,0 +1,323 @@
+"""Compile generated CUDA C++ with NVRTC, cache the cubin, launch it on torch's stream.
+
+NVRTC comes from NVIDIA's cuda-python (`cuda.core`, else `cuda.bindings.nvrtc`) and the
+`nvidia-cuda-nvrtc` wheel, so compiling needs no CUDA toolkit and no GPU: that is how
+`Kernel.resources()` reads registers on a CPU machine. Cubins are cached in memory and on
+disk (under fuser.config's cache dir), keyed by the source, the architecture and the
+compiler's version; a corrupt or foreign entry is rebuilt.
+
+Launching needs an NVIDIA GPU. The kernel runs on torch's current stream, with the
+tensors' data pointers (storage offset included) as arguments.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fuser.errors import CompileError, FuserError
+from fuser.runtime.cache import digest, load_entry, store_entry
+
+# "auto" uses cuda.core where it imports, else cuda.bindings; tests may force either
+LAUNCHER = "auto"
+COMPILER = "auto"
+# CPU tensors run through the g++ emulator (fuser/codegen/cuda/emulate.py) when set;
+# otherwise backend="cuda" on a machine without a GPU is an error
+EMULATE_ON_CPU = False
+
+_lock = threading.Lock()
+_cubins: dict[str, bytes] = {}
+_functions: dict[tuple[str, int, str], Any] = {}
+_streams: dict[int, Any] = {}
+
+
+@dataclass(frozen=True)
+class CompileStats:
+    """Where a cubin came from and how long that took (the benchmark reports it)."""
+
+    source: str  # "nvrtc" | "disk" | "memory"
+    seconds: float
+
+
+last_compile: dict[str, CompileStats] = {}
+
+
+def numbered(source: str) -> str:
+    """The source with line numbers, as compile errors show it."""
+    lines = source.splitlines()
+    width = len(str(len(lines)))
+    return "\n".join(f"{i + 1:>{width}} | {line}" for i, line in enumerate(lines))
+
+
+def nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    return f"{major}.{minor}"
+
+
+def _options(arch: str, max_registers: int | None) -> list[str]:
+    opts = [f"-arch={arch}", "-std=c++17"]
+    if max_registers:
+        opts.append(f"-maxrregcount={max_registers}")
+    return opts
+
+
+def _nvrtc_core(source: str, name: str, arch: str, max_registers: int | None) -> bytes:
+    from cuda.core import Program, ProgramOptions
+
+    opts = ProgramOptions(
+        name=f"{name}.cu", arch=arch, std="c++17", max_register_count=max_registers
+    )
+    try:
+        return bytes(Program(source, "c++", opts).compile("cubin").code)
+    except Exception as e:  # cuda.core raises its own NVRTCError carrying the log
+        if "NVRTC_ERROR_COMPILATION" in str(e) or "compilation log" in str(e):
+            raise _compile_error(name, arch, source, str(e)) from None
+        raise
+
+
+def _nvrtc_bindings(source: str, name: str, arch: str, max_registers: int | None) -> bytes:
+    from cuda.bindings import nvrtc
+
+    def check(result: tuple) -> Any:
+        err, *rest = result
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise FuserError(f"NVRTC failed ({err}) while compiling {name}")
+        return rest[0] if len(rest) == 1 else rest
+
+    prog = check(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []))
+    try:
+        opts = [o.encode() for o in _options(arch, max_registers)]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            size = check(nvrtc.nvrtcGetProgramLogSize(prog))
+            log = b" " * size
+            check(nvrtc.nvrtcGetProgramLog(prog, log))
+            raise _compile_error(name, arch, source, log.decode(errors="replace"))
+        size = check(nvrtc.nvrtcGetCUBINSize(prog))
+        cubin = b" " * size
+        check(nvrtc.nvrtcGetCUBIN(prog, cubin))
+        return cubin
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _compile_error(name: str, arch: str, source: str, log: str) -> CompileError:
+    return CompileError(
+        f"NVRTC could not compile kernel {name} for {arch}:\n{log.strip(chr(0)).strip()}\n\n"
+        f"generated source:\n{numbered(source)}"
+    )
+
+
+def _nvrtc(source: str, name: str, arch: str, max_registers: int | None) -> bytes:
+    if COMPILER in ("auto", "core"):
+        try:
+            import cuda.core  # noqa: F401
+        except ImportError:
+            if COMPILER == "core":
+                raise
+        else:
+            return _nvrtc_core(source, name, arch, max_registers)
+    try:
+        return _nvrtc_bindings(source, name, arch, max_registers)
+    except ImportError as e:
+        raise FuserError(
+            "backend='cuda' needs NVRTC through cuda-python: pip install cuda-core "
+            f"cuda-bindings nvidia-cuda-nvrtc ({e})"
+        ) from None
+
+
+def compile_cubin(source: str, name: str, arch: str, max_registers: int | None = None) -> bytes:
+    """The cubin of `source` for `arch` ("sm_90"), from memory, disk or NVRTC."""
+    t0 = time.perf_counter()
+    key = digest(source, arch, max_registers, nvrtc_version())
+    with _lock:
+        cubin = _cubins.get(key)
+    if cubin is not None:
+        last_compile[name] = CompileStats("memory", time.perf_counter() - t0)
+        return cubin
+    entry = load_entry("cuda", key)
+    origin = "disk"
+    cubin = None
+    if entry is not None:
+        try:
+            cubin = base64.b64decode(entry["cubin"], validate=True)
+        except (KeyError, ValueError, TypeError):
+            cubin = None
+    if cubin is None:
+        origin = "nvrtc"
+        cubin = _nvrtc(source, name, arch, max_registers)
+        store_entry(
+            "cuda", key, {"name": name, "arch": arch, "cubin": base64.b64encode(cubin).decode()}
+        )
+    with _lock:
+        _cubins[key] = cubin
+    last_compile[name] = CompileStats(origin, time.perf_counter() - t0)
+    return cubin
+
+
+def clear_memory_cache() -> None:
+    """Forget compiled cubins and loaded functions (the disk cache stays)."""
+    with _lock:
+        _cubins.clear()
+        _functions.clear()
+
+
+# -- launching ---------------------------------------------------------------------------------
+def device_arch(device: Any) -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def _require_gpu(tensors: list[Any]) -> Any:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise FuserError(
+            "backend='cuda' cannot run here: torch sees no CUDA GPU "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False). The kernels "
+            "still render and compile: use fd.compile(inputs, backend='cuda', device='h100') "
+            "and kernel.resources(), or run with backend='triton' (Triton's interpreter)."
+        )
+    devices = {t.device for t in tensors}
+    if any(d.type != "cuda" for d in devices):
+        raise FuserError(
+            "backend='cuda' runs on CUDA tensors; got tensors on "
+            f"{sorted(str(d) for d in devices)}. Move the inputs with .cuda()."
+        )
+    return tensors[0].device
+
+
+class _TorchStream:
+    """torch's stream as the `__cuda_stream__` protocol cuda.core accepts."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def _use_core() -> bool:
+    if LAUNCHER == "bindings":
+        return False
+    try:
+        import cuda.core  # noqa: F401
+
+        return True
+    except ImportError:
+        if LAUNCHER == "core":
+            raise
+        return False
+
+
+def _function(cubin: bytes, key: str, name: str, device_index: int, core: bool) -> Any:
+    fkey = (key, device_index, name + (":core" if core else ":bindings"))
+    fn = _functions.get(fkey)
+    if fn is not None:
+        return fn
+    with _lock:
+        fn = _functions.get(fkey)
+        if fn is None:
+            fn = _load_core(cubin, name, device_index) if core else _load_bindings(cubin, name)
+            _functions[fkey] = fn
+    return fn
+
+
+def _load_core(cubin: bytes, name: str, device_index: int) -> Any:
+    from cuda.core import Device, ObjectCode
+
+    Device(device_index).set_current()
+    return ObjectCode.from_cubin(cubin).get_kernel(name)
+
+
+def _driver_check(result: Any, what: str) -> Any:
+    from cuda.bindings import driver
+
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise FuserError(f"CUDA driver call {what} failed: {err}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+def _current_context() -> None:
+    """Make torch's (primary) context current on this thread for the driver API."""
+    import torch
+    from cuda.bindings import driver
+
+    _driver_check(driver.cuInit(0), "cuInit")
+    ctx = _driver_check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if not int(ctx):
+        dev = _driver_check(driver.cuDeviceGet(torch.cuda.current_device()), "cuDeviceGet")
+        ctx = _driver_check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        _driver_check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def _load_bindings(cubin: bytes, name: str) -> Any:
+    from cuda.bindings import driver
+
+    _current_context()
+    module = _driver_check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+    return (module, _driver_check(driver.cuModuleGetFunction(module, name.encode()), name))
+
+
+def _launch(fn: Any, core: bool, grid: tuple[int, ...], block: int, args: list[int]) -> None:
+    import torch
+
+    handle = torch.cuda.current_stream().cuda_stream
+    grid3 = (*grid, 1, 1)[:3]
+    if core:
+        from cuda.core import LaunchConfig, launch
+
+        stream = _streams.get(handle)
+        if stream is None:
+            from cuda.core import Device
+
+            stream = Device().create_stream(_TorchStream(handle))
+            _streams[handle] = stream
+        launch(stream, LaunchConfig(grid=grid3, block=(block, 1, 1)), fn, *args)
+        return
+    import ctypes
+
+    from cuda.bindings import driver
+
+    values = [ctypes.c_void_p(a) for a in args]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    _driver_check(
+        driver.cuLaunchKernel(fn[1], *grid3, block, 1, 1, 0, handle, ctypes.addressof(params), 0),
+        "cuLaunchKernel",
+    )
+
+
+def launch_cuda(kernel: Any, tensors: list[Any]) -> None:
+    """Run `kernel` on `tensors` (its spec's args, in order) on torch's current stream."""
+    import torch
+
+    from fuser.codegen.cuda.kernels import finalize_threads
+
+    if EMULATE_ON_CPU and all(t.device.type == "cpu" for t in tensors):
+        from fuser.codegen.cuda.emulate import emulate
+
+        emulate(kernel, tensors)
+        return
+    device = _require_gpu(tensors)
+    s = kernel.schedule
+    arch = device_arch(device)
+    cubin = compile_cubin(kernel.source, kernel.name, arch, s.max_registers)
+    key = digest(kernel.source, arch)
+    core = _use_core()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        fn = _function(cubin, key, kernel.name, index, core)
+        work = kernel._workspace_tensors(device)
+        args = [t.data_ptr() for t in [*tensors, *work]]
+        _launch(fn, core, s.grid, s.threads, args)
+        if work:
+            fin = _function(cubin, key, kernel.name + "_finalize", index, core)
+            _launch(fin, core, (s.grid[0],), finalize_threads(s), args)
