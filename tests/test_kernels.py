@@ -748,3 +748,32 @@ def test_explain_and_source(kind: str, build: Callable, inputs: Callable) -> Non
     assert "@triton.jit" in k.source
     assert k.source.splitlines()[0].startswith("# fuser kernel"), k.source.splitlines()[0]
     assert kind in k.source  # the header carries the schedule
+
+
+# -- the prefetching row loop (Schedule.programs) -------------------------------------
+@pytest.mark.parametrize("programs", [1, 3, 7, 64])
+@pytest.mark.parametrize("cols", [300, 1000])
+def test_prefetching_row_loop(programs: int, cols: int) -> None:
+    """Resident programs walk rows `programs` apart, loading the next row early: every row
+    must be written once, the last sweep's extra rows not at all (odd row count)."""
+    from dataclasses import replace
+
+    from fuser.runtime.executor import render_kernel
+
+    fd = seed_layernorm_fusion()
+    inputs = seed_inputs(37, cols)
+    fd.execute(inputs)
+    plan = fd._runtime().last
+    k = plan.kernels[0]
+    s = replace(
+        k.schedule,
+        programs=programs,
+        rows_per_block=1,
+        num_warps=max(k.schedule.threads_per_row // 32, 1),
+    ).validate()
+    plan.kernels[0] = render_kernel(k.spec, s, "triton")
+    assert "next_rows" in plan.kernels[0].source
+    (out,) = plan.run(inputs)
+    (ref,) = fd.reference(inputs)
+    atol, rtol = tol(torch.float16, cols)
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)

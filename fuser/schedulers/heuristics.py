@@ -6,16 +6,20 @@ import math
 from dataclasses import replace
 
 from fuser.schedulers.device import Device
-from fuser.schedulers.registers import estimate_registers
+from fuser.schedulers.registers import estimate_registers, working_registers
 from fuser.schedulers.schedule import Estimate, Schedule
 from fuser.schedulers.spec import KernelSpec
 
 # A persistent row keeps at most this many buffer registers per thread; beyond it the
 # row is looped instead (nvFuser budgets about half of the 255 for buffers).
 MAX_BUFFER_REGISTERS = 128
-# Bytes each SM should have in flight to cover DRAM latency on Hopper
-# (3.35 TB/s * ~1.2 us / 132 SMs ~= 30 KB; rounded up).
-BYTES_IN_FLIGHT_PER_SM = 32 * 1024
+# Bytes each SM should have in flight to cover DRAM latency on Hopper. Little's law gives
+# 3.35 TB/s * ~0.6 us / 132 SMs ~= 16 KB; the H100 sweep agrees (8192x1024 was fastest
+# at 48 warps/SM x 8 fp16 elements = 24 KB, and lost 7% at 42 KB with fewer warps).
+BYTES_IN_FLIGHT_PER_SM = 16 * 1024
+# Warps per SM below which latency hiding suffers (nvFuser aims near 28; the H100 sweep
+# ran 16384 at 16 warps/SM within 0.4% of the best).
+TARGET_WARPS_PER_SM = 16
 # Persistent batch cap. nvFuser caps near 10; past 8 chunks ptxas kept both the fp16 loads
 # and the fp32 row live (12288 x batch 12 reached 254 registers), so fuser stops at 8.
 MAX_BATCH = 8
@@ -152,39 +156,64 @@ def _persistent_candidates(spec: KernelSpec, dev: Device, v: int) -> list[tuple]
 
 
 def _score(spec: KernelSpec, dev: Device, c: tuple, itemsize: int) -> tuple[float, list[str]]:
-    """Estimated relative throughput of one persistent candidate (higher is better)."""
+    """Estimated relative throughput of one persistent candidate (higher is better).
+
+    Calibrated on the H100 sweep of the seed fusion (benchmarks/results/h100-2026-11-21-sweep1:
+    every candidate timed): one row per block wins, by 15-60% over 2-4 rows per block
+    (Triton lays a [rows, chunk] tile out across warps in both dimensions and the row
+    reduction then crosses them); 8-32 elements per thread; an exact split beats a tail by
+    ~4%; enough warps per SM to cover DRAM latency; padding lanes cost little (masked lanes
+    move no bytes).
+    """
     tpr, rpb, batch, tail, covered, per_thread, regs, buf = c
     threads = tpr * rpb
     bps = dev.blocks_per_sm(threads, regs)
     if bps == 0:
         return 0.0, []
+    warps_sm = bps * max(threads // 32, 1)
     lanes = spec.cols / covered
     inflight = bps * threads * per_thread * itemsize
     latency = min(1.0, inflight / BYTES_IN_FLIGHT_PER_SM)
-    blocks = -(-spec.rows // rpb)
-    waves = blocks / (dev.sms * bps)
-    wave_eff = waves / math.ceil(waves) if waves < 4 else 1.0
-    # a row spread over many warps pays a shared-memory round trip per reduction
-    sync = 1.0 - 0.03 * max(0, math.log2(tpr / 32)) * max(spec.rounds, 1)
-    # several independent chunks per thread keep loads in flight; one is thin
-    ilp = 1.0 if batch >= 2 else 0.93
-    small_block = 0.97 if threads < 128 else 1.0
-    score = lanes * latency * wave_eff * sync * ilp * small_block
+    occupancy = min(1.0, warps_sm / TARGET_WARPS_PER_SM) ** 0.5
+    # several rows per block only where one row cannot fill a warp
+    rows_pen = 1.0 if rpb == 1 or tpr < 32 else 0.8 ** math.log2(rpb)
+    if per_thread < 8:
+        work = 0.9
+    elif per_thread > 32:
+        work = 0.97 ** math.log2(per_thread / 32)
+    else:
+        work = 1.0
+    tail_pen = 0.96 if tail else 1.0
+    # a row spread over 16+ warps pays for the cross-warp reduction (shared memory)
+    sync = {512: 0.98, 1024: 0.9}.get(tpr, 1.0)
+    score = lanes**0.25 * latency * occupancy * rows_pen * work * tail_pen * sync
     why = [
-        f"lanes {lanes:.0%} useful",
+        f"{rpb} row(s) per block",
+        f"{per_thread} elements/thread",
+        "exact split" if not tail else "a tail chunk",
+        f"{warps_sm} warps/SM",
         f"{inflight // 1024} KB in flight/SM",
-        f"wave efficiency {wave_eff:.0%}",
-        f"{bps} blocks/SM",
+        f"lanes {lanes:.0%} useful",
     ]
     return score, why
 
 
 def _inner_schedule(
-    spec: KernelSpec, dev: Device, v: int, cand: tuple, reasons: list[str]
+    spec: KernelSpec,
+    dev: Device,
+    v: int,
+    cand: tuple,
+    reasons: list[str],
+    prefetch: bool = False,
 ) -> Schedule:
     tpr, rpb, batch, tail, covered, per_thread, regs, buf = cand
     warps = max(tpr * rpb // 32, 1)
     exact = tail == 0 and spec.cols % (tpr * v) == 0
+    programs = 0
+    if prefetch:
+        # the next row's inputs are held while this row computes
+        regs = min(regs + working_registers(spec, per_thread), 255)
+        programs = dev.sms * max(dev.blocks_per_sm(tpr * rpb, regs), 1)
     s = Schedule(
         "inner_persistent",
         spec.rows,
@@ -197,6 +226,7 @@ def _inner_schedule(
         num_warps=warps,
         unswitch=exact and spec.rows % rpb == 0,
         index_bits=index_bits(spec),
+        programs=programs,
     )
     return _with(s, _estimate(spec, dev, s, regs, buf, covered), reasons)
 
@@ -213,11 +243,19 @@ def schedule_inner(spec: KernelSpec, dev: Device) -> Schedule:
     reasons: list[str] = []
     v = vector_width(spec, reasons)
     itemsize = max(a.dtype.itemsize for a in spec.full_args() if not a.is_output)
-    cands = _inner_candidates(spec, dev, v)
-    if not cands:
+    # the widest vector, and half of it where that makes the split exact
+    scored = []
+    for vv in sorted({v, max(v // 2, 1)}, reverse=True):
+        for c in _inner_candidates(spec, dev, vv):
+            sc, why = _score(spec, dev, c, itemsize)
+            scored.append((sc * (1.0 if vv == v else 0.99), why, vv, c))
+    if not scored:
         return schedule_looped(spec, dev, v, reasons)
-    scored = [(_score(spec, dev, c, itemsize), c) for c in cands]
-    (best_score, why), best = max(scored, key=lambda x: (x[0][0], -x[1][2], x[1][0]))
+    _, why, v_best, best = max(scored, key=lambda x: (x[0], x[3][0]))
+    if v_best != v:
+        reasons.append(f"vector {v_best}: half the widest, for an exact split of the row")
+        v = v_best
+    cands = scored
     tpr, rpb, batch, tail, covered, per_thread, regs, buf = best
     exact = tail == 0 and spec.cols % (tpr * v) == 0
     reasons.append(
@@ -338,6 +376,8 @@ def candidate_schedules(spec: KernelSpec, dev: Device) -> list[Schedule]:
         for v in sorted({v_best, max(v_best // 2, 1)}):
             for c in _inner_candidates(spec, dev, v):
                 out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"]))
+                if c[1] == 1 and spec.rows > 2 * dev.sms:
+                    out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"], True))
             if spec.cols > 2048 or not out:
                 for warps in (4, 8, 16):
                     for unroll in (1, 2, 4):

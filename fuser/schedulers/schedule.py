@@ -51,6 +51,9 @@ class Schedule:
     split_rows: int = 1
     max_registers: int | None = None
     index_bits: int = 32
+    # inner_persistent only: 0 = one program per row block; N = N resident programs,
+    # each walking row blocks N apart and loading the next row while it reduces this one
+    programs: int = 0
     estimate: Estimate | None = None
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
@@ -68,7 +71,8 @@ class Schedule:
             return (-(-self.rows // self.rows_per_block), -(-self.cols // self.chunk))
         if self.kind == "outer_reduction":
             return (-(-self.cols // self.chunk), self.split_rows)
-        return (-(-self.rows // self.rows_per_block),)
+        blocks = -(-self.rows // self.rows_per_block)
+        return (min(self.programs, blocks) if self.programs else blocks,)
 
     @property
     def even_rows(self) -> bool:
@@ -85,6 +89,8 @@ class Schedule:
         s = f"{self.kind} v{self.vector} tpr{self.threads_per_row} rpb{self.rows_per_block}"
         if self.kind == "inner_persistent":
             s += f" batch{self.persistent_batch}" + (f"+tail{self.tail}" if self.tail else "")
+        if self.programs:
+            s += f" prefetch{self.programs}"
         if self.unroll > 1:
             s += f" unroll{self.unroll}"
         if self.split_rows > 1:
@@ -109,6 +115,8 @@ class Schedule:
                     f"{self.persistent_batch} chunks of {self.chunk} + tail {self.tail} cover "
                     f"{covered} of {self.cols} columns"
                 )
+        if self.programs and (self.kind != "inner_persistent" or self.rows_per_block != 1):
+            raise ScheduleError("a prefetching row loop needs inner_persistent, one row a block")
         if self.unswitch and self.kind == "inner_persistent" and self.tail:
             raise ScheduleError(
                 f"unswitch needs an exact split; {self.chunk} does not divide {self.cols}"

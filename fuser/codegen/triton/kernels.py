@@ -71,39 +71,71 @@ def inner_persistent(kw: TritonKernelWriter) -> str:
             f"{s.rows_per_block} row(s) per program; each row is {len(chunks)} chunk(s) "
             "kept in registers"
         )
-        kw.row_setup("tl.program_id(0)")
         for c in chunks:
             kw.col_setup(c)
-        for node in spec.nodes:
-            kind = spec.kinds.get(node.out.id)
-            if node.op in REDUCE:
-                for c in chunks:
-                    em.ensure_inputs(node, c)
-                # full chunks fold lane by lane first: one cross-thread reduction, not one
-                # per chunk (each is a shuffle tree and, across warps, a barrier)
-                full = [c for c in chunks if not c.masked and c.width == s.chunk]
-                rest = [c for c in chunks if c not in full]
-                terms = [kw.reduce_term(node, c) for c in rest]
-                if full:
-                    lanes = kw.reduce_operand(node, full[0], None)
-                    for c in full[1:]:
-                        lanes = kw.combine(node.op, lanes, kw.reduce_operand(node, c, None))
-                    terms.insert(0, kw.reduce(node, lanes, axis=1))
-                expr = terms[0]
-                for t in terms[1:]:
-                    expr = kw.combine(node.op, expr, t)
-                w.comment(
-                    f"{node.op.value} over the row: {len(full)} full chunk(s) folded lane by "
-                    f"lane, {len(rest)} tail chunk(s)"
-                )
-                w.line(f"{node.out.name} = ({expr}).to({TL_DTYPE[node.out.dtype]})")
-                em.maybe_store(node, None)
-            elif kind in (Kind.FULL, Kind.COL):
-                for c in chunks:
-                    em.node(node, c)
-            else:
-                em.node(node, None)
+        if not s.programs:
+            kw.row_setup("tl.program_id(0)")
+            _persistent_body(kw, em, chunks)
+            return w.text()
+        grid = s.grid[0]
+        streamed = [(a, c) for a in spec.inputs if a.kind == Kind.FULL for c in chunks]
+        pid = "tl.program_id(0).to(tl.int64)" if s.index_bits == 64 else "tl.program_id(0)"
+        w.comment(
+            f"{grid} resident programs walk the rows {grid} apart; each loads its next "
+            "row while it reduces this one"
+        )
+        w.line(f"pid = {pid}")
+        last = spec.rows - 1
+        w.line(f"first_rows = tl.minimum(pid + tl.arange(0, 1)[:, None], {last})")
+        for a, c in streamed:
+            kw.load(a, c, rows="first_rows")
+            em.loaded.add(em.key(a.value.id, c))
+        kw.row_mask = True  # the last sweep may run past n_rows: its stores are masked
+        with w.block(f"for step in range(0, {spec.rows}, {grid}):"):
+            w.line("rows = step + pid + tl.arange(0, 1)[:, None]")
+            w.line(f"row_ok = rows < {spec.rows}")
+            w.comment("loads clamp to the last row instead of masking it")
+            w.line(f"next_rows = tl.minimum(rows + {grid}, {last})")
+            for a, c in streamed:
+                kw.load(a, c, rows="next_rows", suffix="_next")
+            _persistent_body(kw, em, chunks)
+            for a, c in streamed:
+                name = kw.name(a.value, c)
+                w.line(f"{name} = {name}_next")
     return w.text()
+
+
+def _persistent_body(kw: TritonKernelWriter, em: Emitter, chunks: list[Chunk]) -> None:
+    spec, s, w = kw.spec, kw.s, kw.w
+    for node in spec.nodes:
+        kind = spec.kinds.get(node.out.id)
+        if node.op in REDUCE:
+            for c in chunks:
+                em.ensure_inputs(node, c)
+            # full chunks fold lane by lane first: one cross-thread reduction, not one
+            # per chunk (each is a shuffle tree and, across warps, a barrier)
+            full = [c for c in chunks if not c.masked and c.width == s.chunk]
+            rest = [c for c in chunks if c not in full]
+            terms = [kw.reduce_term(node, c) for c in rest]
+            if full:
+                lanes = kw.reduce_operand(node, full[0], None)
+                for c in full[1:]:
+                    lanes = kw.combine(node.op, lanes, kw.reduce_operand(node, c, None))
+                terms.insert(0, kw.reduce(node, lanes, axis=1))
+            expr = terms[0]
+            for t in terms[1:]:
+                expr = kw.combine(node.op, expr, t)
+            w.comment(
+                f"{node.op.value} over the row: {len(full)} full chunk(s) folded lane by "
+                f"lane, {len(rest)} tail chunk(s)"
+            )
+            w.line(f"{node.out.name} = ({expr}).to({TL_DTYPE[node.out.dtype]})")
+            em.maybe_store(node, None)
+        elif kind in (Kind.FULL, Kind.COL):
+            for c in chunks:
+                em.node(node, c)
+        else:
+            em.node(node, None)
 
 
 def inner_looped(kw: TritonKernelWriter) -> str:
@@ -113,7 +145,9 @@ def inner_looped(kw: TritonKernelWriter) -> str:
     tail = spec.cols - full_end
     tail_w = 1 << max(tail - 1, 0).bit_length() if tail else 0
     body = Chunk(None, "off + ", width, False)
-    tail_chunk = Chunk(None, f"{full_end} + ", tail_w, True)
+    # the tail's names differ from the loop body's: Triton wants a variable's shape
+    # to stay the same through a loop
+    tail_chunk = Chunk("tail", f"{full_end} + ", tail_w, True)
     w.line("@triton.jit")
     with w.block(kw.signature([])):
         w.comment(

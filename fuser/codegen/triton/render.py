@@ -62,7 +62,7 @@ def _acc_dtype(dtype: DType) -> str:
 class Chunk:
     """One column tile of a row: its offset, width and whether it needs a mask."""
 
-    def __init__(self, index: int | None, offset: str, width: int, masked: bool):
+    def __init__(self, index: int | str | None, offset: str, width: int, masked: bool):
         self.index, self.offset, self.width, self.masked = index, offset, width, masked
 
     def suffix(self) -> str:
@@ -89,31 +89,31 @@ class TritonKernelWriter:
             return f"{v.name}{chunk.suffix()}"
         return v.name
 
-    def mask(self, kind: Kind, chunk: Chunk | None) -> str | None:
+    def mask(self, kind: Kind, chunk: Chunk | None, rows_masked: bool = True) -> str | None:
         parts = []
-        if kind in (Kind.FULL, Kind.ROW) and self.row_mask:
+        if kind in (Kind.FULL, Kind.ROW) and self.row_mask and rows_masked:
             parts.append("row_ok")
         if kind in (Kind.FULL, Kind.COL) and chunk is not None and chunk.masked:
             parts.append(f"col_ok{chunk.suffix()}")
         return " & ".join(parts) if parts else None
 
-    def offsets(self, a: Arg, chunk: Chunk | None) -> str:
+    def offsets(self, a: Arg, chunk: Chunk | None, rows: str = "rows") -> str:
         cols = f"cols{chunk.suffix()}" if chunk else "cols"
         terms = []
         if a.kind == Kind.ROW or (a.kind == Kind.FULL and self.spec.rows > 1):
             # a ROW pointer is always a [rows, 1] block, also for a single row
-            terms.append(f"rows * {a.row_stride}" if a.row_stride != 1 else "rows")
+            terms.append(f"{rows} * {a.row_stride}" if a.row_stride != 1 else rows)
         if a.kind in (Kind.FULL, Kind.COL):
             terms.append(f"{cols} * {a.col_stride}" if a.col_stride != 1 else cols)
         return " + ".join(terms) if terms else "0"
 
     # -- emission ------------------------------------------------------------------
-    def load(self, a: Arg, chunk: Chunk | None) -> None:
-        m = self.mask(a.kind, chunk)
+    def load(self, a: Arg, chunk: Chunk | None, rows: str = "rows", suffix: str = "") -> None:
+        # a clamped row index (a prefetch) needs no row mask
+        m = self.mask(a.kind, chunk, rows_masked=rows == "rows")
         mask = f", mask={m}, other=0" if m else ""
-        self.w.line(
-            f"{self.name(a.value, chunk)} = tl.load({a.name}_ptr + {self.offsets(a, chunk)}{mask})"
-        )
+        target = self.name(a.value, chunk) + suffix
+        self.w.line(f"{target} = tl.load({a.name}_ptr + {self.offsets(a, chunk, rows)}{mask})")
 
     def store(self, a: Arg, chunk: Chunk | None) -> None:
         m = self.mask(a.kind, chunk)
