@@ -47,9 +47,9 @@ def mismatch(case: Case, got: Tensors, ref: Tensors) -> str | None:
                 return f"output {i}: integers differ from eager"
             continue
         atol, rtol = tolerance(dtype_of(r.dtype), case.reduction_length)
-        # eager rounds half outputs too: allow two ulps of the output dtype on top
+        # eager rounds half outputs too: allow a few ulps of the output dtype on top
         if r.dtype in (torch.float16, torch.bfloat16):
-            rtol = max(rtol, 2 * torch.finfo(r.dtype).eps)
+            rtol = max(rtol, 3 * torch.finfo(r.dtype).eps)
         # absolute tolerance in units of the output's scale (dlogits are ~1e-4, y ~ 1)
         scale = r.float().abs().max().item() if r.numel() else 1.0
         atol *= min(max(scale, 1e-30), 1.0)

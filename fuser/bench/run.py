@@ -66,7 +66,11 @@ def _baseline(case: Case, name: str) -> Callable[[list], list] | None:
     if name == "eager":
         return case.eager
     if name == "compile":
-        return torch.compile(case.eager)
+        # static shapes, fresh caches: each size gets its own specialized kernels, as a
+        # user compiling one model at one size would (dynamic kernels after a few sizes
+        # ran 2-3x slower on the H100)
+        torch._dynamo.reset()
+        return torch.compile(case.eager, dynamic=False)
     if name == "liger":
         return _liger(case)
     raise SystemExit(f"unknown baseline {name!r}; choose eager, compile, liger")
