@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from fuser.config import config, debug_print
-from fuser.dynamo.lower import GraphRecord, lower_graph
+from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_graph
 
 aten = torch.ops.aten
 
@@ -124,6 +124,15 @@ class FuserBackend:
         def compiler(kind: str) -> Any:
             def compile_one(g: fx.GraphModule, inputs: list[Any]) -> Any:
                 name = f"g{cid.replace('/', '_')}_{kind[:3]}"
+                if is_symbolic(g):
+                    spec = Specializing(g, kind, name, self.strict, self.check)
+                    spec.on_record = lambda r: (capture.graphs.append(r), _debug(capture, r))
+                    debug_print(
+                        1,
+                        f"[fuser.dynamo] {kind} graph {name} has symbolic sizes: "
+                        "lowered for each new input signature at run time",
+                    )
+                    return spec
                 fn, record = lower_graph(g, kind, name, self.strict, self.check)
                 capture.graphs.append(record)
                 _debug(capture, record)

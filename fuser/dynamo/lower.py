@@ -192,6 +192,73 @@ def boxed(gm: fx.GraphModule) -> Any:
     return run
 
 
+def is_symbolic(gm: fx.GraphModule) -> bool:
+    """Whether Dynamo traced the graph with symbolic sizes (dynamic shapes)."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        val = n.meta.get("val")
+        if isinstance(val, torch.SymInt) or (
+            isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape)
+        ):
+            return True
+    return False
+
+
+class Specializing:
+    """A graph with symbolic sizes, lowered again for each concrete input signature.
+
+    fuser plans kernels for concrete sizes, so a dynamic-shape graph is specialized at run
+    time: the first call with new sizes propagates them through a copy of the graph (fake
+    tensors) and lowers that copy; explain lists every specialization.
+    """
+
+    _boxed_call = True
+
+    def __init__(self, gm: fx.GraphModule, kind: str, name: str, strict: bool, check: bool):
+        self.gm, self.kind, self.name, self.strict, self.check = gm, kind, name, strict, check
+        self.compiled: dict[tuple, Any] = {}
+        self.records: list[GraphRecord] = []
+        self.on_record: Any = None  # called with each new GraphRecord
+
+    def __call__(self, args: list) -> Any:
+        key = tuple(
+            (tuple(a.shape), tuple(a.stride()), a.dtype, a.device.type)
+            if isinstance(a, torch.Tensor)
+            else a
+            for a in args
+        )
+        fn = self.compiled.get(key)
+        if fn is None:
+            concrete = _propagate(self.gm, args)
+            name = f"{self.name}_s{len(self.compiled)}"
+            fn, record = lower_graph(concrete, self.kind, name, self.strict, self.check)
+            record.kind = f"{self.kind} (specialized for sizes {_sizes(args)})"
+            self.compiled[key] = fn
+            self.records.append(record)
+            if self.on_record is not None:
+                self.on_record(record)
+        return fn(args)
+
+
+def _sizes(args: list) -> str:
+    return ", ".join(str(list(a.shape)) if isinstance(a, torch.Tensor) else str(a) for a in args)
+
+
+def _propagate(gm: fx.GraphModule, args: list) -> fx.GraphModule:
+    """A copy of gm whose node.meta['val'] hold the concrete sizes of `args`."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    copy = fx.GraphModule(gm, graph)
+    with unset_fake_temporarily():
+        FakeTensorProp(copy, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
+    return copy
+
+
 def lower_graph(
     gm: fx.GraphModule, kind: str, name: str, strict: bool = False, check: bool = False
 ) -> Any:

@@ -64,6 +64,7 @@ def form_regions(
     region: dict[fx.Node, int] = {}
     members: dict[int, list[fx.Node]] = {}
     last_effect: fx.Node | None = None
+    next_id = 0
 
     def unit(n: fx.Node) -> Hashable:
         return region.get(n, n)
@@ -91,7 +92,8 @@ def form_regions(
             None,
         )
         if chosen is None:
-            chosen = len(members)
+            chosen = next_id
+            next_id += 1
             members[chosen] = []
         region[n] = chosen
         members[chosen].append(n)

@@ -1,0 +1,385 @@
+"""torch.compile(backend="fuser"): lowering of each claimed ATen op (forward and backward
+against eager), fallbacks with reasons, mutation/aliasing/non-contiguous inputs, explain,
+FUSER_DEBUG, recompilation, and the partitioner's convexity.
+
+Kernels run in Triton's interpreter on CPU, so shapes are tiny; every backend here runs
+with check=True (each fused region is also run op by op in ATen and compared).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+import fuser
+from fuser.config import config
+from fuser.dynamo import FuserBackend
+from fuser.dynamo.backend import fuser_backend
+from fuser.dynamo.partition import form_regions
+from fuser.errors import ScheduleError
+from fuser.frontend.fusion_definition import FusionDefinition
+
+F32_TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rand(*shape: int, seed: int = 0, grad: bool = True, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=_gen(seed), dtype=dtype).requires_grad_(grad)
+
+
+def run_both(fn: Callable, args: list, **tol) -> tuple[FuserBackend, list]:
+    """fn compiled with fuser vs eager: outputs and the grads of every float input."""
+    backend = FuserBackend(strict=True, check=True)
+    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    results = []
+    for f in (fn, compiled):
+        xs = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+        out = f(*xs)
+        outs = list(out) if isinstance(out, tuple) else [out]
+        diff = [o for o in outs if o.requires_grad]
+        if diff:
+            cot = [torch.randn(o.shape, generator=_gen(7)) for o in diff]
+            torch.autograd.backward(diff, cot)
+        results.append((outs, [x.grad for x in xs if x.requires_grad]))
+    (eo, eg), (co, cg) = results
+    tol = tol or F32_TOL
+    for i, (a, b) in enumerate(zip(co, eo)):
+        torch.testing.assert_close(a, b, **tol, msg=lambda m, i=i: f"output {i}: {m}")
+    for i, (a, b) in enumerate(zip(cg, eg)):
+        torch.testing.assert_close(a, b, **tol, msg=lambda m, i=i: f"grad of input {i}: {m}")
+    return backend, results
+
+
+def fused_ops(backend: FuserBackend) -> set[str]:
+    """The ATen ops (base names) inside fused regions, over every compiled graph."""
+    ops = set()
+    for c in backend.captures:
+        for g in c.graphs:
+            for r in g.fused:
+                assert r.kernels, f"{r.name} is fused but has no kernels"
+                ops |= {part.split(" x")[0].split(".")[0] for part in r.ops.split(", ")}
+    return ops
+
+
+# -- registration -----------------------------------------------------------------
+def test_backend_is_registered():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert "fuser" in torch._dynamo.list_backends()
+    assert lookup_backend("fuser") is fuser_backend
+
+
+def test_entry_point_names_the_backend():
+    eps = [ep for ep in entry_points(group="torch_dynamo_backends") if ep.name == "fuser"]
+    if not eps:
+        pytest.skip("fuser is not pip-installed here (no entry-point metadata)")
+    assert eps[0].load() is fuser_backend
+
+
+# -- each claimed op, forward and backward ---------------------------------------------
+def _pointwise(x, y):
+    a = torch.where(x > 0.1, (x * 2 - y / 3).exp(), torch.sqrt(y.abs() + 1))
+    b = torch.sigmoid(x).tanh() * torch.rsqrt(y * y + 1) - torch.clamp(x, -0.5, 0.5)
+    return a + b + x.pow(2) + torch.maximum(x, y) - torch.log1p(y.abs()) * torch.erf(x)
+
+
+def _reductions(x):
+    var, mean = torch.var_mean(x, dim=-1, keepdim=True)
+    return (
+        x.sum(-1),
+        x.sum((0, 1)),
+        x.mean(-1, keepdim=True) * var + mean,
+        x.amax(-1) - x.amin(-1),
+        x.sum(),
+    )
+
+
+def _cross_entropy(logits, target):
+    return F.cross_entropy(logits, target), F.cross_entropy(logits, target, reduction="sum")
+
+
+CASES = {
+    "pointwise": (_pointwise, lambda: [rand(3, 7), rand(3, 7, seed=1)], {"where", "exp", "mul"}),
+    "reductions": (_reductions, lambda: [rand(2, 3, 5)], {"sum", "var_mean", "amax", "amin"}),
+    "layer_norm": (
+        lambda x, w, b: (F.layer_norm(x, (6,), w, b), F.layer_norm(x * 2, (6,))),
+        lambda: [rand(2, 3, 6), rand(6, seed=1), rand(6, seed=2)],
+        {"native_layer_norm", "native_layer_norm_backward"},
+    ),
+    "gelu": (
+        lambda x: F.gelu(x) + F.gelu(x * 3, approximate="tanh"),
+        lambda: [rand(4, 9)],
+        {"gelu", "gelu_backward"},
+    ),
+    "softmax": (
+        lambda x: (torch.softmax(x, -1), torch.log_softmax(x * 2, -1)),
+        lambda: [rand(3, 11)],
+        {"_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data"},
+    ),
+    "cross_entropy": (
+        _cross_entropy,
+        lambda: [rand(6, 10), torch.tensor([1, 9, -100, 0, 4, -100])],
+        {"nll_loss_forward", "nll_loss_backward", "_log_softmax"},
+    ),
+    "compare_and_mask": (
+        lambda x, y: (
+            x.masked_fill(x < -0.2, 0.5) * (y >= 0.3) + ((x != y) & (x <= 1.0)).float(),
+            torch.where(x.isnan(), 0.0, x) / y.clamp_min(0.5),
+        ),
+        lambda: [rand(5, 4), rand(5, 4, seed=1)],
+        {"masked_fill", "lt", "ge", "where"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_matches_eager(name):
+    fn, make, expected = CASES[name]
+    backend, _ = run_both(fn, make())
+    got = fused_ops(backend)
+    missing = expected - got
+    assert not missing, f"{name}: {sorted(missing)} not fused; fused: {sorted(got)}"
+    kinds = {g.kind for c in backend.captures for g in c.graphs}
+    assert kinds == {"forward", "backward"}, kinds
+
+
+def test_half_casts_round_like_eager():
+    def f(x):
+        h = (x.half() * 3).float()  # fp16 rounding in the middle, as ATen does
+        return (h + 1).half(), h.sum(-1)
+
+    backend, _ = run_both(f, [rand(4, 8, grad=False)], atol=1e-3, rtol=1e-3)
+    assert "_to_copy" in fused_ops(backend)
+
+
+# -- fallbacks and their reasons -----------------------------------------------------
+def _reasons(backend: FuserBackend) -> dict[str, str]:
+    return {f.op: f.reason for c in backend.captures for g in c.graphs for f in g.fallbacks}
+
+
+def test_fallbacks_are_reported_with_reasons():
+    def f(x, w, idx, logits, target, cw):
+        h = (x @ w).relu()
+        return h[idx].cumsum(0), h.t().exp(), F.cross_entropy(logits, target, weight=cw)
+
+    args = [rand(4, 5), rand(5, 3, seed=1), torch.tensor([2, 0]), rand(3, 4, seed=2)]
+    args += [torch.tensor([0, 3, 1]), torch.rand(4, generator=_gen(3))]
+    backend, _ = run_both(f, args)
+    reasons = _reasons(backend)
+    assert "matmul" in reasons["aten.mm"]
+    assert "indexing" in reasons["aten.index.Tensor"]
+    assert "no fuser lowering for aten.cumsum" in reasons["aten.cumsum"]
+    assert "transpose" in reasons["aten.t"]
+    assert reasons["aten.nll_loss_forward"] == "nll_loss with class weights"
+    text = fuser.explain(backend, print_it=False)
+    assert "aten.mm" in text and "nll_loss with class weights" in text
+
+
+def test_region_that_cannot_be_planned_falls_back_visibly(monkeypatch):
+    def refuse(self, inputs, device=None, backend=None):
+        raise ScheduleError("vector 8 does not divide 5 (forced by the test)")
+
+    monkeypatch.setattr(FusionDefinition, "compile", refuse)
+    backend = FuserBackend(strict=False)
+    f = torch.compile(lambda x: (x * 2).exp().sum(-1), backend=backend, dynamic=False)
+    x = rand(3, 5, grad=False)
+    torch.testing.assert_close(f(x), (x * 2).exp().sum(-1))
+    (region,) = backend.captures[0].graphs[0].regions
+    assert not region.fused and "vector 8 does not divide 5" in region.fallback
+    assert "runs as ATen ops: ScheduleError" in fuser.explain(backend, print_it=False)
+
+
+def test_run_time_failure_falls_back_with_a_warning(monkeypatch):
+    def broken(self, inputs, backend=None):
+        raise fuser.FuserError("forced failure")
+
+    backend = FuserBackend(strict=False)
+    f = torch.compile(lambda x: torch.tanh(x) * 3, backend=backend, dynamic=False)
+    x = rand(2, 6, grad=False)
+    monkeypatch.setattr(FusionDefinition, "execute", broken)
+    with pytest.warns(UserWarning, match="runs as ATen ops from now on"):
+        out = f(x)
+    torch.testing.assert_close(out, torch.tanh(x) * 3)
+    (region,) = backend.captures[0].graphs[0].regions
+    assert "at run time: FuserError: forced failure" in region.fallback
+    torch.testing.assert_close(f(x), torch.tanh(x) * 3)  # stays on ATen, no second warning
+
+
+# -- mutation, aliasing, layouts -----------------------------------------------------
+def test_in_place_op_on_an_input():
+    def f(x, y):
+        x.mul_(2)
+        y.add_(x)
+        return (x + y).exp()
+
+    x, y = rand(3, 4, grad=False), rand(3, 4, seed=1, grad=False)
+    xe, ye, xc, yc = x.clone(), y.clone(), x.clone(), y.clone()
+    want = f(xe, ye)
+    got = torch.compile(f, backend=FuserBackend(strict=True, check=True))(xc, yc)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(xc, xe)  # the mutations of the inputs happened, in order
+    torch.testing.assert_close(yc, ye)
+
+
+def test_output_aliasing_an_input_and_in_place_on_intermediate():
+    def f(x):
+        t = x * 2
+        t.add_(1)  # in place on an intermediate: functionalized
+        return x.view(-1), t.sigmoid(), x.unsqueeze(0)
+
+    x = rand(3, 4, grad=False)
+    flat, s, u = torch.compile(f, backend=FuserBackend(strict=True, check=True))(x)
+    assert flat.data_ptr() == x.data_ptr() and u.data_ptr() == x.data_ptr()  # still views
+    torch.testing.assert_close(s, (x * 2 + 1).sigmoid())
+    x.add_(1)
+    torch.testing.assert_close(flat, x.view(-1))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "strided"])
+def test_non_contiguous_inputs(layout):
+    def f(x, p):
+        y = (x + p).exp()  # p broadcasts over part of the rows of x
+        return y.sum(0) * 2, y.sum(-1), F.layer_norm(x, (4,))
+
+    if layout == "transposed":
+        x = torch.randn(5, 3, 4, generator=_gen(0)).transpose(0, 1)
+    else:
+        x = torch.randn(3, 5, 8, generator=_gen(0))[:, :, ::2]
+    assert not x.is_contiguous()
+    backend, _ = run_both(f, [x.requires_grad_(), rand(5, 4, seed=1)])
+    assert {"add", "exp", "native_layer_norm"} <= fused_ops(backend)
+
+
+def test_random_ops_keep_their_order():
+    def f(x):
+        a = F.dropout(x.exp(), 0.5, training=True)
+        b = F.dropout(x * 3, 0.5, training=True)
+        return a + b.sin()
+
+    x = rand(4, 6, grad=False)
+    torch.manual_seed(123)
+    want = f(x)
+    backend = FuserBackend(strict=True)
+    compiled = torch.compile(f, backend=backend, dynamic=False)
+    torch.manual_seed(123)
+    got = compiled(x)
+    torch.testing.assert_close(got, want)
+    assert "random op" in _reasons(backend)["aten.native_dropout"]
+
+
+# -- inspection ------------------------------------------------------------------------
+def _block(x, w, b):
+    h = F.layer_norm(x, (8,), w, b)
+    return x + F.gelu(h * 2, approximate="tanh")
+
+
+def test_trace_and_explain():
+    x, w, b = rand(2, 3, 8), rand(8, seed=1), rand(8, seed=2)
+    t = fuser.trace(_block, x, w, b, strict=True)
+    assert [g.kind for g in t.graphs] == ["forward", "backward"]
+    assert t.kernels and all(k.source for k in t.kernels)
+    assert not [f for f in t.fallbacks if "layer_norm" in f.op or "gelu" in f.op]
+    assert x.grad is None and w.grad is None  # trace does not touch .grad
+    torch.testing.assert_close(t.outputs, _block(x, w, b))
+    text = t.explain(print_it=False)
+    for part in ("forward graph", "backward graph", "region", "kernel", "schedule:"):
+        assert part in text, part
+    assert "@triton.jit" in t.explain(source=True, print_it=False)
+    assert "@triton.jit" not in text
+
+
+def test_explain_a_compiled_module():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(8)
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return x + F.gelu(self.fc(self.ln(x)))
+
+    model = Block()
+    compiled = torch.compile(model, backend="fuser")
+    assert "nothing compiled" in fuser.explain(compiled, print_it=False)
+    with torch.no_grad():
+        compiled(rand(3, 8, grad=False))
+    text = fuser.explain(compiled, print_it=False)
+    assert "inference graph" in text and "native_layer_norm" in text and "aten.addmm" in text
+
+
+def test_fuser_debug_prints_while_running(monkeypatch, capsys):
+    monkeypatch.setattr(config, "debug", 2)
+    f = torch.compile(lambda x: torch.softmax(x * 2, -1), backend=FuserBackend(strict=True))
+    f(rand(2, 5, grad=False))
+    out = capsys.readouterr().out
+    assert "[fuser.dynamo] inference graph" in out and "fused regions" in out
+    assert "kernel" in out and "schedule:" in out
+
+
+# -- recompilation -----------------------------------------------------------------------
+def test_new_batch_size_recompiles_visibly():
+    backend = FuserBackend(strict=True, check=True)
+    f = torch.compile(lambda x: F.gelu(x).sum(-1), backend=backend, dynamic=False)
+    for rows in (2, 3, 3):
+        x = rand(rows, 5, grad=False)
+        torch.testing.assert_close(f(x), F.gelu(x).sum(-1))
+    assert [c.recompile for c in backend.captures] == [False, True]
+    assert "1 recompile(s)" in fuser.explain(backend, print_it=False)
+
+
+def test_dynamic_shapes_are_specialized_per_size():
+    backend = FuserBackend(strict=True, check=True)
+    f = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend=backend)  # automatic dynamic
+    for rows in (2, 3, 4):
+        x = rand(rows, 5, grad=False)
+        torch.testing.assert_close(f(x), torch.softmax(x, -1) * 2)
+    kinds = [g.kind for c in backend.captures for g in c.graphs]
+    assert kinds[0] == "inference" and len(kinds) == 3
+    assert all("specialized for sizes" in k for k in kinds[1:]), kinds
+    assert all(g.fused for c in backend.captures for g in c.graphs)
+
+
+# -- the partitioner ------------------------------------------------------------------
+def test_regions_stay_convex():
+    """a = exp(x); b = mm(a, w); c = a + b: c must not join a's region (a cycle through
+    the matmul), but d = a * 2 may."""
+
+    def f(x, w):
+        a = torch.exp(x)
+        b = torch.mm(a, w)
+        return a + b, a * 2
+
+    gm = fx.symbolic_trace(f)
+    fusible = {n for n in gm.graph.nodes if n.op == "call_function" and n.target != torch.mm}
+    regions = form_regions(gm.graph, fusible.__contains__, lambda n: False)
+    names = [[n.name for n in r] for r in regions]
+    assert names == [["exp", "mul"], ["add"]], names
+
+
+def test_side_effects_are_never_reordered_across_a_region():
+    """A region's two halves straddle a chain of side effects: it must be split."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(torch.exp, (x,))
+    s1 = g.call_function(torch.Tensor.add_, (a, 1.0))  # mutation reads a
+    s2 = g.call_function(torch.rand, ((3,),))  # RNG after it
+    c = g.call_function(torch.add, (a, s2))  # would join a's region without the chain
+    g.output((s1, c))
+    effects = {s1, s2}
+    regions = form_regions(g, lambda n: n in (a, c), effects.__contains__)
+    assert [[n.name for n in r] for r in regions] == [["exp"], ["add"]]
