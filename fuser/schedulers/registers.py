@@ -45,3 +45,76 @@ def estimate_registers(
     buf = buffer_registers(spec, elements_per_thread) if persistent else 0
     work = buf if persistent and buf else working_registers(spec, elements_per_thread)
     return min(overhead(spec, chunks, warps) + work, 255), buf
+
+
+# -- the CUDA backend ----------------------------------------------------------------------
+# The CUDA renderer (fuser/codegen/cuda) spends registers differently from Triton: a
+# thread's chunks share one address (constant offsets), all FULL loads of a pass are issued
+# before the math, and column inputs are loaded where they are used. Calibrated against
+# NVRTC 13 + ptxas for sm_90 on the seed sweep, layernorm, softmax, column sums, pointwise
+# and looped kernels in fp16/bf16/fp32 (tests/test_cuda_backend.py checks them).
+# Persistent: ~24 registers of indices, row values and the reduction, plus the buffers,
+# plus about an eighth of the column-input words of the row (their loads run ahead).
+CUDA_PERSISTENT_BASE = 24
+CUDA_COLUMN_LOOKAHEAD = 8
+# A one-warp block holding a row is limited by the SM's 32 resident blocks, not by
+# registers: ptxas spends ~8 more there, up to the 64 that still keep 32 blocks resident.
+CUDA_ONE_WARP_SLACK = 8
+# Looped: ~22 plus the input words of one iteration (v x unroll elements per thread).
+CUDA_LOOPED_BASE = 22
+# Column reduction: ~12 plus one accumulator per column per reduction plus the input
+# words of the rows in flight.
+CUDA_OUTER_BASE = 12
+# Pointwise: ~20 plus one per element of the thread's tile share (packed loads, the fp32
+# math and the packed stores overlap).
+CUDA_POINTWISE_BASE = 20
+
+
+def cuda_tail_vector(schedule) -> int:  # noqa: ANN001 - a Schedule (import cycle)
+    """Elements per thread in the tail chunk of a persistent row as the CUDA renderer lays
+    it out: the tail's width spread over the row's threads, at most a vector, at least 1."""
+    if not schedule.tail:
+        return 0
+    return max(1, min(schedule.vector, schedule.tail // schedule.threads_per_row))
+
+
+def _words(spec: KernelSpec, kinds: tuple, outputs: bool = False) -> float:
+    """32-bit words per element of the arguments of `kinds` (inputs, or outputs)."""
+    return (
+        sum(a.dtype.itemsize for a in spec.args if a.kind in kinds and a.is_output == outputs) / 4
+    )
+
+
+def cuda_registers(spec: KernelSpec, schedule) -> int:  # noqa: ANN001
+    """Registers per thread the CUDA backend's kernel for `schedule` is expected to use."""
+    from fuser.segmenter import Kind
+
+    s = schedule
+    if s.kind == "inner_persistent":
+        per_thread = s.persistent_batch * s.vector + cuda_tail_vector(s)
+        buf = buffer_registers(spec, per_thread)
+        regs = CUDA_PERSISTENT_BASE + buf
+        regs += math.ceil(per_thread * _words(spec, (Kind.COL,)) / CUDA_COLUMN_LOOKAHEAD)
+        if s.threads == 32 and buf and regs < 64:
+            regs = min(64, regs + CUDA_ONE_WARP_SLACK)
+    elif s.kind == "inner_looped":
+        per_thread = s.vector * s.unroll
+        regs = CUDA_LOOPED_BASE + math.ceil(per_thread * _words(spec, (Kind.FULL,)))
+    elif s.kind == "outer_reduction":
+        in_flight = max(s.rows_per_block // (s.threads // s.threads_per_row), 1)
+        regs = CUDA_OUTER_BASE + s.vector * len(spec.reductions)
+        regs += math.ceil(in_flight * s.vector * _words(spec, (Kind.FULL,)))
+    else:
+        tile_vectors = s.threads_per_row * s.rows_per_block
+        regs = CUDA_POINTWISE_BASE + max(tile_vectors // s.threads, 1) * s.vector
+    if s.max_registers:
+        regs = min(regs, s.max_registers)
+    return min(regs, 255)
+
+
+def estimate_for(spec: KernelSpec, schedule, backend: str) -> int:  # noqa: ANN001
+    """The register estimate of `schedule` for `backend`: the scheduler's own (calibrated
+    on Triton) for "triton", the CUDA renderer's model for "cuda"."""
+    if backend == "cuda":
+        return cuda_registers(spec, schedule)
+    return schedule.estimate.registers

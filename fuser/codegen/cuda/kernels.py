@@ -12,6 +12,7 @@ from fuser.codegen.cuda.render import CudaKernelWriter, Nest, Region
 from fuser.codegen.cuda.templates import COMPUTE, REDUCE_FN, acc_type, combine, round_to
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import REDUCE, Op
+from fuser.schedulers.registers import cuda_tail_vector
 from fuser.schedulers.schedule import Schedule
 from fuser.segmenter import Kind
 
@@ -71,7 +72,7 @@ def inner_persistent(kw: CudaKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     v, tpr, rpb, batch = s.vector, s.threads_per_row, s.rows_per_block, s.persistent_batch
     chunk = s.chunk
-    tail_v = max(1, min(v, s.tail // tpr)) if s.tail else 0
+    tail_v = cuda_tail_vector(s)
     nchunks = batch + (1 if tail_v else 0)
     threads = tpr * rpb
     row_guard = spec.rows % rpb != 0
@@ -250,16 +251,25 @@ def pointwise(kw: CudaKernelWriter) -> str:
             ROWS=spec.rows, COLS=spec.cols, V=v, TPR=tpr, RPB=rpb, CHUNK=s.chunk, THREADS=threads
         )
         kw.scalar_prologue()
-        setup = [
-            "const int k = threadIdx.x + j * THREADS;  // vector within the tile",
-            f"const {kw.idx} row = ({kw.idx})blockIdx.x * RPB + k / TPR;",
-            "const int col = blockIdx.y * CHUNK + k % TPR * V;",
-        ]
+        # vector k = threadIdx.x + j * THREADS of the tile sits in row k / TPR, lane k % TPR;
+        # both powers of two, so each is fixed per thread or a constant step per slot j
+        first_row = f"({kw.idx})blockIdx.x * RPB"
+        if threads >= tpr:
+            w.line("const int lane = threadIdx.x % TPR;")
+            w.line("const int col = blockIdx.y * CHUNK + lane * V;")
+            if col_guard:
+                w.line("const bool col_ok = col < COLS;")
+            setup = [f"const {kw.idx} row = {first_row} + threadIdx.x / TPR + j * (THREADS / TPR);"]
+        else:
+            setup = [
+                f"const {kw.idx} row = {first_row} + j * THREADS / TPR;",
+                "const int col = blockIdx.y * CHUNK + (threadIdx.x + j * THREADS % TPR) * V;",
+            ]
+            if col_guard:
+                setup.append("const bool col_ok = col < COLS;")
         if row_guard:
-            ok = ("k < " + str(tile) + " && " if tile < threads else "") + "row < ROWS"
+            ok = (f"threadIdx.x < {tile} && " if tile < threads else "") + "row < ROWS"
             setup.append(f"const bool row_ok = {ok};")
-        if col_guard:
-            setup.append("const bool col_ok = col < COLS;")
         region = _slot_region(
             "j",
             per_thread,
