@@ -76,6 +76,17 @@ def fused_ops(backend: FuserBackend) -> set[str]:
     return ops
 
 
+def aten_segments(backend: FuserBackend) -> list[str]:
+    """Parts of fused regions that fuser's segmenter left to ATen, with the reason."""
+    out = []
+    for c in backend.captures:
+        for g in c.graphs:
+            for r in g.fused:
+                plan = r.fd._runtime().last
+                out += [f"{r.name}: {s.reason}" for s in plan.segments if not s.fused]
+    return out
+
+
 # -- registration -----------------------------------------------------------------
 def test_backend_is_registered():
     from torch._dynamo.backends.registry import lookup_backend
@@ -154,6 +165,7 @@ def test_op_matches_eager(name):
     got = fused_ops(backend)
     missing = expected - got
     assert not missing, f"{name}: {sorted(missing)} not fused; fused: {sorted(got)}"
+    assert not aten_segments(backend), aten_segments(backend)
     kinds = {g.kind for c in backend.captures for g in c.graphs}
     assert kinds == {"forward", "backward"}, kinds
 

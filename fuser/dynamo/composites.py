@@ -28,13 +28,13 @@ def _float(ctx: LowerCtx, node: fx.Node, what: str) -> Tensor:
 def _rows(ctx: LowerCtx, t: Tensor, like: Tensor) -> Tensor:
     """A per-row value ([..., 1] or [...]) broadcast over the rows of `like`."""
     if t.ndim == like.ndim:  # keepdim form: the size-1 last dim expands
-        return ctx.ops.broadcast_in_dim(t, shape=like.shape, broadcast_dims=range(like.ndim))
-    return ctx.ops.broadcast_in_dim(t, shape=like.shape, broadcast_dims=range(like.ndim - 1))
+        return ctx.broadcast(t, like.shape, range(like.ndim))
+    return ctx.broadcast(t, like.shape, range(like.ndim - 1))
 
 
 def _cols(ctx: LowerCtx, t: Tensor, like: Tensor) -> Tensor:
     """A [C] value broadcast over the rows of `like`."""
-    return ctx.ops.broadcast_in_dim(t, shape=like.shape, broadcast_dims=[like.ndim - 1])
+    return ctx.broadcast(t, like.shape, [like.ndim - 1])
 
 
 def _last_dim_only(node: fx.Node, normalized_shape: Any) -> None:
@@ -131,7 +131,7 @@ def _softmax_backward(ctx: LowerCtx, node: fx.Node) -> Any:
     go, out, dim = node.args[:3]
     ops = ctx.ops
     g, y = ctx.up(_float(ctx, go, "grad")), ctx.up(_float(ctx, out, "output"))
-    dot = ops.sum(ops.mul(g, y), dims=[dim], keepdim=True)
+    dot = ops.sum(ops.mul(g, y), dims=[dim % g.ndim], keepdim=True)
     return ctx.finish(node, [ops.mul(y, ops.sub(g, dot))])
 
 
@@ -140,7 +140,7 @@ def _log_softmax_backward(ctx: LowerCtx, node: fx.Node) -> Any:
     go, out, dim = node.args[:3]
     ops = ctx.ops
     g, y = ctx.up(_float(ctx, go, "grad")), ctx.up(_float(ctx, out, "output"))
-    total = ops.sum(g, dims=[dim], keepdim=True)
+    total = ops.sum(g, dims=[dim % g.ndim], keepdim=True)
     return ctx.finish(node, [ops.sub(g, ops.mul(ops.exp(y), total))])
 
 
@@ -160,7 +160,7 @@ def _target_hits(ctx: LowerCtx, shape: list, target: Tensor, ignore_index: int) 
     if target.dtype not in (torch.int32, torch.int64):
         raise NotLowerable(f"nll_loss target of dtype {target.dtype}")
     cls = ops.iota(shape, dim=1, dtype=target.dtype)
-    hit = ops.eq(cls, ops.broadcast_in_dim(target, shape=shape, broadcast_dims=[0]))
+    hit = ops.eq(cls, ctx.broadcast(target, shape, [0]))
     valid = ops.ne(target, ctx.scalar(ignore_index, target.dtype))
     return hit, valid
 
@@ -194,5 +194,5 @@ def _nll_loss_backward(ctx: LowerCtx, node: fx.Node) -> Any:
     if reduction == 1:
         scale = ops.div(scale, ctx.up(ctx.tensor(total_weight)))
     hit, valid = _target_hits(ctx, shape, ctx.tensor(target), ignore_index)
-    keep = ops.logical_and(hit, ops.broadcast_in_dim(valid, shape=shape, broadcast_dims=[0]))
+    keep = ops.logical_and(hit, ctx.broadcast(valid, shape, [0]))
     return ctx.finish(node, [ops.where(keep, scale, 0.0)])

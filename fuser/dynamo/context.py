@@ -73,6 +73,10 @@ class LowerCtx:
         self.fd = fd
         self.ops = fd.ops
         self.values: dict[fx.Node, Any] = {}
+        # value id -> (source, broadcast_dims) for every broadcast made here, so chains of
+        # views compose into one broadcast from the source (fuser's segmenter maps values
+        # of the kernel's rank, or its rows or columns, not lower-rank intermediates)
+        self.broadcasts: dict[int, tuple[Tensor, tuple[int, ...]]] = {}
 
     # -- operands ------------------------------------------------------------------
     def define_input(self, node: fx.Node) -> Tensor:
@@ -104,12 +108,36 @@ class LowerCtx:
             return arg
         raise NotLowerable(f"operand {arg!r} of type {type(arg).__name__} is not a number")
 
+    # -- broadcasts ----------------------------------------------------------------
+    def broadcast(self, t: Tensor, shape: Sequence[int], dims: Sequence[int]) -> Tensor:
+        """broadcast_in_dim, composed with the broadcast that made `t` if there is one."""
+        shape, dims = [int(s) for s in shape], list(dims)
+        if t.value.id in self.broadcasts:
+            t, inner = self.broadcasts[t.value.id]
+            dims = [dims[d] for d in inner]
+        if [int(s) for s in t.shape] == shape and dims == list(range(len(shape))):
+            return t
+        y = self.ops.broadcast_in_dim(t, shape=shape, broadcast_dims=dims)
+        self.broadcasts[y.value.id] = (t, tuple(dims))
+        return y
+
+    def expand_to(self, t: Tensor | Number, shape: Sequence[int]) -> Tensor | Number:
+        """numpy broadcasting of a tensor operand to `shape` (numbers stay scalars)."""
+        if not isinstance(t, Tensor) or t.ndim == 0 or [int(s) for s in t.shape] == list(shape):
+            return t
+        return self.broadcast(t, shape, range(len(shape) - t.ndim, len(shape)))
+
     # -- dtypes --------------------------------------------------------------------
     def cast(self, t: Tensor | Number, dtype: torch.dtype) -> Tensor | Number:
         """`t` in `dtype` (a Python number becomes a constant of that dtype)."""
-        if isinstance(t, Tensor):
-            return t if t.dtype == dtype else self.ops.cast(t, dtype)
-        return self.scalar(t, dtype)
+        if not isinstance(t, Tensor):
+            return self.scalar(t, dtype)
+        if t.dtype == dtype:
+            return t
+        if t.value.id in self.broadcasts:  # cast the source, then broadcast: cheaper too
+            src, dims = self.broadcasts[t.value.id]
+            return self.broadcast(self.cast(src, dtype), t.shape, dims)  # type: ignore
+        return self.ops.cast(t, dtype)
 
     def scalar(self, value: Number, dtype: torch.dtype) -> Tensor:
         if dtype.is_floating_point:

@@ -94,7 +94,7 @@ def _arith(ctx: LowerCtx, node: fx.Node) -> Any:
     name = ARITH[node.target]
     out = out_meta(node)
     dtype = compute_dtype(out.dtype)
-    a, b = (ctx.cast(ctx.operand(x), dtype) for x in node.args[:2])
+    a, b = (ctx.expand_to(ctx.cast(ctx.operand(x), dtype), out.shape) for x in node.args[:2])
     alpha = node.kwargs.get("alpha", 1)
     if alpha != 1:
         b = ctx.ops.mul(b, ctx.scalar(alpha, dtype))
@@ -105,8 +105,9 @@ def _arith(ctx: LowerCtx, node: fx.Node) -> Any:
 
 @register(aten.rsub.Scalar, aten.rsub.Tensor)
 def _rsub(ctx: LowerCtx, node: fx.Node) -> Any:
-    dtype = compute_dtype(out_meta(node).dtype)
-    a, b = (ctx.cast(ctx.operand(x), dtype) for x in node.args[:2])
+    out = out_meta(node)
+    dtype = compute_dtype(out.dtype)
+    a, b = (ctx.expand_to(ctx.cast(ctx.operand(x), dtype), out.shape) for x in node.args[:2])
     alpha = node.kwargs.get("alpha", 1)
     if alpha != 1:
         a = ctx.ops.mul(a, ctx.scalar(alpha, dtype))
@@ -121,8 +122,9 @@ def _div_mode(ctx: LowerCtx, node: fx.Node) -> Any:
 
 
 def _arith_like(ctx: LowerCtx, node: fx.Node, name: str) -> Any:
-    dtype = compute_dtype(out_meta(node).dtype)
-    a, b = (ctx.cast(ctx.operand(x), dtype) for x in node.args[:2])
+    out = out_meta(node)
+    dtype = compute_dtype(out.dtype)
+    a, b = (ctx.expand_to(ctx.cast(ctx.operand(x), dtype), out.shape) for x in node.args[:2])
     return ctx.finish(node, [getattr(ctx.ops, name)(a, b)])
 
 
@@ -157,30 +159,32 @@ def _compare(ctx: LowerCtx, node: fx.Node) -> Any:
         v = ctx.operand(x)
         if not isinstance(v, Tensor) and common.is_floating_point:
             v = torch.tensor(v, dtype=common).item()  # ATen rounds the scalar to `common`
-        ops_in.append(ctx.cast(v, dtype))
+        ops_in.append(ctx.expand_to(ctx.cast(v, dtype), out_meta(node).shape))
     return ctx.finish(node, [getattr(ctx.ops, COMPARE[node.target])(*ops_in)])
 
 
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _where(ctx: LowerCtx, node: fx.Node) -> Any:
-    dtype = out_meta(node).dtype  # selection is exact: no need for the compute dtype
-    cond = ctx.tensor(node.args[0])
-    a, b = (ctx.cast(ctx.operand(x), dtype) for x in node.args[1:3])
+    out = out_meta(node)  # selection is exact: no need for the compute dtype
+    cond = ctx.expand_to(ctx.tensor(node.args[0]), out.shape)
+    a, b = (ctx.expand_to(ctx.cast(ctx.operand(x), out.dtype), out.shape) for x in node.args[1:3])
     return ctx.finish(node, [ctx.ops.where(cond, a, b)])
 
 
 @register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def _masked_fill(ctx: LowerCtx, node: fx.Node) -> Any:
-    dtype = out_meta(node).dtype
-    x, mask = ctx.tensor(node.args[0]), ctx.tensor(node.args[1])
-    value = ctx.cast(ctx.operand(node.args[2]), dtype)
-    return ctx.finish(node, [ctx.ops.where(mask, value, ctx.cast(x, dtype))])
+    out = out_meta(node)
+    x = ctx.expand_to(ctx.cast(ctx.tensor(node.args[0]), out.dtype), out.shape)
+    mask = ctx.expand_to(ctx.tensor(node.args[1]), out.shape)
+    value = ctx.expand_to(ctx.cast(ctx.operand(node.args[2]), out.dtype), out.shape)
+    return ctx.finish(node, [ctx.ops.where(mask, value, x)])
 
 
 @register(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
 def _clamp(ctx: LowerCtx, node: fx.Node) -> Any:
-    dtype = compute_dtype(out_meta(node).dtype)
-    x = ctx.cast(ctx.tensor(node.args[0]), dtype)
+    out = out_meta(node)
+    dtype = compute_dtype(out.dtype)
+    x = ctx.expand_to(ctx.cast(ctx.tensor(node.args[0]), dtype), out.shape)
     if node.target == aten.clamp_min.default:
         lo, hi = node.args[1], None
     elif node.target == aten.clamp_max.default:
@@ -188,9 +192,9 @@ def _clamp(ctx: LowerCtx, node: fx.Node) -> Any:
     else:
         lo, hi = arg(node, 1, "min"), arg(node, 2, "max")
     if lo is not None:
-        x = ctx.ops.maximum(x, ctx.cast(ctx.operand(lo), dtype))
+        x = ctx.ops.maximum(x, ctx.expand_to(ctx.cast(ctx.operand(lo), dtype), out.shape))
     if hi is not None:
-        x = ctx.ops.minimum(x, ctx.cast(ctx.operand(hi), dtype))
+        x = ctx.ops.minimum(x, ctx.expand_to(ctx.cast(ctx.operand(hi), dtype), out.shape))
     return ctx.finish(node, [x])
 
 
@@ -252,8 +256,7 @@ def _view(ctx: LowerCtx, node: fx.Node) -> Any:
             f"{src} -> {dst} is a reshape; fuser IR only inserts and broadcasts dims, so it "
             "stays an ATen view (free)"
         )
-    y = ctx.ops.broadcast_in_dim(x, shape=dst, broadcast_dims=dims)
-    return ctx.finish(node, [y])
+    return ctx.finish(node, [ctx.broadcast(x, dst, dims)])
 
 
 # -- constants -----------------------------------------------------------------------
@@ -262,7 +265,7 @@ def _full(ctx: LowerCtx, node: fx.Node) -> Any:
     out = out_meta(node)
     value = ctx.scalar(node.args[1], out.dtype)
     shape = static_shape(out, node.name)
-    y = ctx.ops.broadcast_in_dim(value, shape=shape, broadcast_dims=[]) if shape else value
+    y = ctx.broadcast(value, shape, []) if shape else value
     return ctx.finish(node, [y])
 
 
