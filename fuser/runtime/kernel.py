@@ -96,7 +96,7 @@ class Kernel:
         for arch, r in self._resources.items():
             lines.append(
                 f"  compiler ({arch}): {r['registers']} registers "
-                f"(estimate {self.schedule.estimate.registers}), "
+                f"(estimate {r.get('estimate', self.schedule.estimate.registers)}), "
                 f"stack {r['stack']} B, spills {r['spill_bytes']} B, shared {r['shared']} B"
             )
         return "\n".join(lines)

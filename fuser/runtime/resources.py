@@ -118,6 +118,7 @@ def cuda_resources(kernel: Any, arch: str = "sm_90") -> dict:
     """NVRTC compiles the CUDA source to a cubin for `arch` (no GPU needed); cuobjdump
     reads it. A split column reduction's finalize kernel is reported under "finalize"."""
     from fuser.runtime.cuda_backend import compile_cubin
+    from fuser.schedulers.registers import estimate_for
 
     cubin = compile_cubin(kernel.source, kernel.name, arch, kernel.schedule.max_registers)
     res = cubin_resources(cubin)
@@ -125,6 +126,8 @@ def cuda_resources(kernel: Any, arch: str = "sm_90") -> dict:
     fin = res.get(kernel.name + "_finalize")
     if fin is not None:
         out["finalize"] = _with_spills(fin)
+    # the backend's own model: the scheduler's estimate is calibrated on Triton
+    out["estimate"] = estimate_for(kernel.spec, kernel.schedule, "cuda")
     return out
 
 

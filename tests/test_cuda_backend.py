@@ -1,0 +1,328 @@
+"""The CUDA backend without a GPU: every chosen schedule renders, compiles for sm_90 with
+NVRTC with no spills and a register count the CUDA model predicts; compile errors show
+the numbered source; running needs a GPU and says so; the cubin cache survives a
+restart and rebuilds a corrupt entry. An emulated tier runs the generated kernels on
+the CPU (g++, a thread per CUDA thread) against the ATen reference.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+
+import pytest
+import torch
+
+from fuser import FusionDefinition
+from fuser.config import config
+from fuser.errors import CompileError, FuserError
+from fuser.examples import seed_inputs, seed_layernorm_fusion
+from fuser.runtime import cuda_backend
+from fuser.schedulers.registers import estimate_for
+
+HAVE_NVRTC = importlib.util.find_spec("cuda") is not None and (
+    importlib.util.find_spec("cuda.bindings") is not None
+)
+pytestmark = pytest.mark.skipif(
+    not HAVE_NVRTC, reason="NVRTC through cuda-python is not installed (pip install .[cuda])"
+)
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+SWEEP = [768, 1024, 1280, 1536, 1600, 2048, 2560, 4096, 5140, 12288, 16384, 20480]
+
+
+def meta(*shape: int, dtype: torch.dtype = F16) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def within(est: int, real: int) -> bool:
+    """The issue's bar for an estimate: 15% or 8 registers, whichever is larger."""
+    return abs(est - real) <= max(0.15 * real, 8)
+
+
+def define(build, name: str = "t") -> FusionDefinition:  # noqa: ANN001
+    with FusionDefinition(name) as fd:
+        build(fd)
+    return fd
+
+
+# -- the seed sweep: compile for sm_90, no spills, the estimate tracks NVRTC -------------------
+@pytest.fixture(scope="module")
+def sweep():
+    fd = seed_layernorm_fusion()
+    out = []
+    for h in SWEEP:
+        (k,) = fd.compile([meta(h), meta(8192, h), meta(h), meta(h), meta(h)], "h100", "cuda")
+        out.append((h, k, k.resources("sm_90")))
+    return out
+
+
+def test_sweep_compiles_without_spills(sweep):
+    for h, k, r in sweep:
+        assert k.backend == "cuda" and k.schedule.kind == "inner_persistent", (h, k.schedule)
+        assert r["spill_bytes"] == 0, f"H={h} {k.schedule.short()} spills: {r}"
+        assert 0 < r["registers"] <= 255
+
+
+@pytest.mark.parametrize("h", SWEEP)
+def test_sweep_register_estimate(sweep, h):
+    _, k, r = next(x for x in sweep if x[0] == h)
+    est = estimate_for(k.spec, k.schedule, "cuda")
+    assert within(est, r["registers"]), (
+        f"H={h} {k.schedule.short()}: CUDA estimate {est}, NVRTC {r['registers']}"
+    )
+
+
+def _layer_norm(dtype):  # noqa: ANN001, ANN202
+    def build(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1], dtype)
+        w = fd.define_tensor([-1], dtype)
+        b = fd.define_tensor([-1], dtype)
+        fd.add_output(fd.ops.layer_norm(x, w, b))
+
+    return build
+
+
+def _misaligned(rows: int, cols: int) -> torch.Tensor:
+    t = torch.randn(rows * cols + 1).to(F16)[1:].view(rows, cols)
+    assert t.storage_offset() == 1
+    return t
+
+
+# (name, build, inputs, the kind the scheduler must pick)
+OTHERS = [
+    *[
+        (
+            f"layer_norm_{str(dt)[6:]}_{h}",
+            _layer_norm(dt),
+            [meta(8192, h, dtype=dt)] + [meta(h, dtype=dt)] * 2,
+            "inner_persistent",
+        )
+        for dt in (F16, F32, BF16)
+        for h in (768, 1600, 4096, 5140)
+    ],
+    *[
+        (
+            f"softmax_{str(dt)[6:]}_{h}",
+            lambda fd, dt=dt: fd.add_output(fd.ops.softmax(fd.define_tensor([-1, -1], dt))),
+            [meta(8192, h, dtype=dt)],
+            "inner_persistent",
+        )
+        for dt in (F16, F32)
+        for h in (1024, 4096, 5140)
+    ],
+    *[
+        (
+            f"column_sum_{str(dt)[6:]}_{h}",
+            lambda fd, dt=dt: fd.add_output(
+                fd.ops.sum(fd.ops.cast(fd.define_tensor([-1, -1], dt), F32), dims=[0])
+            ),
+            [meta(8192, h, dtype=dt)],
+            "outer_reduction",
+        )
+        for dt in (F16, F32)
+        for h in (768, 3072, 5140)
+    ],
+    (
+        "softmax_f16_50257",
+        lambda fd: fd.add_output(fd.ops.softmax(fd.define_tensor([-1, -1], F16))),
+        [meta(4096, 50257)],
+        "inner_looped",
+    ),
+    (
+        "pointwise_misaligned_5142",
+        lambda fd: fd.add_output(
+            fd.ops.sigmoid(fd.ops.add(fd.define_tensor([-1, -1], F16), fd.define_tensor([-1], F16)))
+        ),
+        [_misaligned(64, 5142), torch.randn(5142).to(F16)],
+        "pointwise",
+    ),
+    (
+        "pointwise_odd_127",
+        lambda fd: fd.add_output(fd.ops.gelu(fd.define_tensor([-1, -1], F16))),
+        [meta(8191, 127)],
+        "pointwise",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,build,inputs,kind", OTHERS, ids=[o[0] for o in OTHERS])
+def test_other_fusions_compile_and_estimate(name, build, inputs, kind):
+    kernels = define(build, name).compile(inputs, "h100", "cuda")
+    assert kernels and all(k.schedule.kind == kind for k in kernels), [
+        k.schedule.short() for k in kernels
+    ]
+    for k in kernels:
+        r = k.resources("sm_90")
+        assert r["spill_bytes"] == 0, f"{name} {k.schedule.short()} spills: {r}"
+        est = estimate_for(k.spec, k.schedule, "cuda")
+        assert within(est, r["registers"]), (
+            f"{name} {k.schedule.short()}: CUDA estimate {est}, NVRTC {r['registers']}"
+        )
+        if "finalize" in r:
+            assert r["finalize"]["spill_bytes"] == 0
+
+
+def test_explain_shows_cuda_estimate_against_nvrtc():
+    fd = seed_layernorm_fusion()
+    (k,) = fd.compile(seed_inputs(2, 1600), "h100", "cuda")
+    r = k.resources()
+    text = fd.explain(print_it=False)
+    assert "[cuda]" in text and f"{r['registers']} registers" in text, text
+    assert r["estimate"] == estimate_for(k.spec, k.schedule, "cuda")
+
+
+# -- the generated source ------------------------------------------------------------------
+def _source(build, inputs, name: str = "src") -> list:  # noqa: ANN001
+    return define(build, name).compile(inputs, "h100", "cuda")
+
+
+def test_source_header_vectors_and_unswitch():
+    fd = seed_layernorm_fusion()
+    (k,) = fd.compile([meta(768), meta(8192, 768), meta(768), meta(768), meta(768)], "h100", "cuda")
+    src, s = k.source, k.schedule
+    assert src.startswith("// fuser kernel ln_fused_k0 (cuda)")
+    assert s.short() in src and "estimate:" in src  # the schedule and why, in the header
+    assert re.search(rf"__launch_bounds__\({s.threads}\b", src)
+    assert s.unswitch and s.vector == 8
+    assert "load_pack<8>" in src and "store_pack<8>" in src  # 16-byte fp16 accesses
+    assert "_ok" not in src  # an exact split carries no predicates
+    # the persistent buffers are register arrays indexed by the unrolled loops only
+    arrays = re.findall(r"(t\d+)\[(\w+)\]\[(\w+)\] =", src)
+    assert arrays and all(i == "c" and j == "i" for _, i, j in arrays), arrays
+
+
+def test_source_tail_chunk_is_the_only_predicated_one():
+    fd = seed_layernorm_fusion()
+    (k,) = fd.compile([meta(5140), meta(8192, 5140), *[meta(5140)] * 3], "h100", "cuda")
+    s, src = k.schedule, k.source
+    assert s.tail and not s.unswitch
+    assert src.count("const bool col_ok") == src.count("const int c = BATCH;")
+    assert "row_ok" not in src  # 8192 rows split evenly
+
+
+def test_source_scalar_access_for_strided_and_misaligned():
+    build = _layer_norm(F32)
+    t = torch.randn(48, 20).t()
+    (k,) = _source(build, [t, torch.randn(48), torch.randn(48)])
+    assert "t0_ptr[row + col * 20]" in k.source  # column stride 20: element by element
+    assert not re.search(r"load_pack<\d+>\(t0_v", k.source)
+    (k,) = _source(
+        lambda fd: fd.add_output(fd.ops.exp(fd.define_tensor([-1, -1], F16))),
+        [_misaligned(64, 96)],
+    )
+    assert k.spec.args[0].align == 2 and k.schedule.vector == 1
+    assert not re.search(r"load_pack<\d+>\(t0_v", k.source)
+
+
+@pytest.mark.parametrize(
+    "op,shape,kind",
+    [
+        ("softmax", (50000, 50257), "inner_looped"),
+        ("colsum", (300000, 8192), "outer_reduction"),
+        ("exp", (300000, 8192), "pointwise"),
+    ],
+)
+def test_source_64bit_index(op, shape, kind):
+    def build(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1], F16)
+        fd.add_output(fd.ops.sum(x, dims=[0]) if op == "colsum" else getattr(fd.ops, op)(x))
+
+    (k,) = _source(build, [meta(*shape)], "big_" + op)
+    assert k.schedule.kind == kind and k.schedule.index_bits == 64
+    assert "const long long row" in k.source
+    assert k.resources()["spill_bytes"] == 0
+
+
+def test_split_column_sum_has_a_finalize_kernel():
+    (k,) = _source(
+        lambda fd: fd.add_output(fd.ops.sum(fd.define_tensor([-1, -1]), dims=[0])),
+        [meta(300, 77, dtype=F32)],
+    )
+    assert k.schedule.split_rows > 1 and k.workspaces
+    assert f"{k.name}_finalize(" in k.source and "atomicAdd" not in k.source
+    r = k.resources()
+    assert r["finalize"]["registers"] > 0
+
+
+# -- errors and the cache -------------------------------------------------------------------
+def test_compile_error_shows_numbered_source_and_log():
+    src = 'extern "C" __global__ void broken(float* y) {\n    y[0] = undefined_name;\n}\n'
+    with pytest.raises(CompileError) as e:
+        cuda_backend.compile_cubin(src, "broken", "sm_90")
+    msg = str(e.value)
+    assert "broken" in msg and "sm_90" in msg
+    assert "undefined_name" in msg and "error" in msg.lower()  # the NVRTC log
+    assert "2 |     y[0] = undefined_name;" in msg  # the numbered source
+
+
+def test_compile_error_through_a_kernel(monkeypatch):
+    fd = seed_layernorm_fusion()
+    (k,) = fd.compile(seed_inputs(2, 768), "h100", "cuda")
+    k.source = k.source.replace("rsqrtf(", "no_such_function(")
+    with pytest.raises(CompileError, match="no_such_function"):
+        k.resources("sm_90")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_execution_without_gpu_says_why():
+    fd = seed_layernorm_fusion()
+    inputs = seed_inputs(2, 768)
+    with pytest.raises(FuserError, match="backend='cuda' cannot run here: torch sees no CUDA GPU"):
+        fd.execute(inputs, backend="cuda")
+    # the same fusion still renders and compiles for a named device
+    (k,) = fd.compile(inputs, "h100", "cuda")
+    assert k.resources()["registers"] > 0
+
+
+def test_disk_cache_reuses_and_rebuilds(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "cache_dir", tmp_path)
+    monkeypatch.setattr(config, "disk_cache", True)
+    src = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 1.0f; }\n'
+    cuda_backend.clear_memory_cache()
+    first = cuda_backend.compile_cubin(src, "cache_probe", "sm_90")
+    assert cuda_backend.last_compile["cache_probe"].source == "nvrtc"
+    assert cuda_backend.compile_cubin(src, "cache_probe", "sm_90") == first
+    assert cuda_backend.last_compile["cache_probe"].source == "memory"
+    cuda_backend.clear_memory_cache()
+    assert cuda_backend.compile_cubin(src, "cache_probe", "sm_90") == first
+    assert cuda_backend.last_compile["cache_probe"].source == "disk"
+    (entry,) = (tmp_path / "cuda").glob("*.json")
+    entry.write_text(entry.read_text().replace('"cubin": "', '"cubin": "AAAA', 1))
+    cuda_backend.clear_memory_cache()
+    assert cuda_backend.compile_cubin(src, "cache_probe", "sm_90") == first
+    assert cuda_backend.last_compile["cache_probe"].source == "nvrtc"  # corrupt: rebuilt
+
+
+def test_both_nvrtc_paths_agree(monkeypatch):
+    src = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 2.0f; }\n'
+    monkeypatch.setattr(config, "disk_cache", False)
+    outs = []
+    for path in ("core", "bindings"):
+        monkeypatch.setattr(cuda_backend, "COMPILER", path)
+        cuda_backend.clear_memory_cache()
+        outs.append(cuda_backend.compile_cubin(src, f"k_{path}", "sm_90"))
+    assert all(o[:4] == b"\x7fELF" for o in outs)
+
+
+# -- the emulated tier: the generated kernels run on the CPU ----------------------------------
+@pytest.fixture
+def emulated(monkeypatch):
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA emulator needs g++")
+    monkeypatch.setattr(cuda_backend, "EMULATE_ON_CPU", True)
+
+
+def _emulated_cases():
+    from test_cuda_cases import CASES
+
+    return [c for c in CASES if c.emulate]
+
+
+@pytest.mark.parametrize("case", _emulated_cases(), ids=lambda c: c.name)
+def test_emulated_kernels_match_reference(emulated, case):
+    from test_cuda_cases import run_case
+
+    err, fd = run_case(case, "cpu")
+    assert not err, f"{case.name}: {err}"
