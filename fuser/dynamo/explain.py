@@ -24,6 +24,8 @@ def region_text(r: RegionRecord, source: bool = False) -> str:
         lines.append(f"    runs as ATen ops: {r.fallback}")
         return "\n".join(lines)
     assert r.fd is not None
+    for m in r.mismatches:
+        lines.append(f"    CHECK FAILED: {m}")
     if r.restrided:
         lines.append(f"    outputs {', '.join(r.restrided)} are copied to ATen's strides")
     lines.append(f"    fusion {r.fd.name}:")
