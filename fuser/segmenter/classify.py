@@ -150,6 +150,8 @@ def classify(nodes: list[Node]) -> Layout:
             for v in node.inputs:
                 if v.rank:
                     assign(v, k, node)
+                elif v.id not in kinds:  # a rank-0 operand from outside: loaded once
+                    assign(v, Kind.SCALAR, node)
             assign(node.out, k, node)
         elif op in REDUCE:
             x = node.inputs[0]

@@ -1,0 +1,240 @@
+"""`python -m fuser.fuzz --seconds 600 --seed 1 [--json out.json]`: fuzz fuser for a while.
+
+Runs hypothesis batches of random fusions against ATen until the time is up, on the GPU
+if there is one (else in Triton's CPU interpreter, with smaller sizes), in `--workers`
+processes that share one kernel cache folder. Prints the number of fusions, the seeds
+and every failure as a runnable repro; exits 1 on any mismatch or error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import fuser
+from fuser.config import config
+from fuser.fuzz.check import gpu_faithful_interpreter
+from fuser.fuzz.generator import CPU, GPU
+from fuser.fuzz.runner import Stats, run_batch, run_for
+
+WORKER_BATCHES = 100_000  # batch numbers per worker: worker i starts at i * this
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m fuser.fuzz", description=__doc__)
+    p.add_argument("--seconds", type=float, default=600.0, help="time budget (default 600)")
+    p.add_argument("--seed", type=int, default=0, help="batch seeds are seed*1e6 + batch")
+    p.add_argument("--json", type=Path, help="write counts, seeds and failures here")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
+    p.add_argument("--profile", choices=("cpu", "gpu"), help="size limits (default: device's)")
+    p.add_argument("--workers", default="auto", help="processes (auto: 8 on a GPU, 1 on CPU)")
+    p.add_argument("--batch-size", type=int, help="cases per hypothesis batch")
+    p.add_argument("--shrink-seconds", type=float, default=90.0, help="per failure")
+    p.add_argument("--replay", type=int, help="rerun one batch seed (see the JSON) and stop")
+    p.add_argument("--first-batch", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def _device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _header(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    import triton
+
+    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
+    return {
+        "device": device,
+        "gpu": gpu,
+        "profile": args.profile or ("gpu" if device.startswith("cuda") else "cpu"),
+        "versions": {
+            "fuser": fuser.__version__,
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+        },
+        "seed": args.seed,
+        "budget_seconds": args.seconds,
+        "cache_dir": str(config.cache_dir),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def _write(path: Path | None, report: dict[str, Any]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _single(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    profile = {"cpu": CPU, "gpu": GPU}.get(args.profile or "")
+    header = _header(args, device)
+    batch_size = args.batch_size or (50 if device.startswith("cuda") else 10)
+    header["batch_size"] = batch_size
+
+    def report(stats: Stats) -> dict[str, Any]:
+        return {**header, "workers": 1, **stats.to_json()}
+
+    def progress(stats: Stats) -> None:
+        _write(args.json, report(stats))
+        if not args.quiet:
+            print(
+                f"[fuzz] {stats.fusions} fusions, {len(stats.failures)} failure(s), "
+                f"{stats.seconds:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    with gpu_faithful_interpreter():
+        if args.replay is not None:
+            stats = Stats()
+            run_batch(args.replay, batch_size, stats, device, profile, shrink_seconds=1e9)
+        else:
+            stats = run_for(
+                args.seconds,
+                args.seed,
+                device,
+                batch_size,
+                on_batch=progress,
+                shrink_seconds=args.shrink_seconds,
+                first_batch=args.first_batch,
+                profile=profile,
+            )
+    out = report(stats)
+    _write(args.json, out)
+    return out
+
+
+def _parallel(args: argparse.Namespace, device: str, workers: int) -> dict[str, Any]:
+    """`workers` processes of the single mode, one kernel cache folder, merged reports."""
+    folder = Path(tempfile.mkdtemp(prefix="fuser_fuzz_"))
+    env = dict(os.environ)
+    env.setdefault("FUSER_CACHE_DIR", str(folder / "cache"))
+    procs = []
+    for w in range(workers):
+        cmd = [
+            sys.executable, "-m", "fuser.fuzz", "--workers", "1", "--quiet",
+            "--seconds", str(args.seconds), "--seed", str(args.seed), "--device", device,
+            "--shrink-seconds", str(args.shrink_seconds), "--json", str(folder / f"w{w}.json"),
+            "--first-batch", str(w * WORKER_BATCHES),
+        ]  # fmt: skip
+        if args.batch_size:
+            cmd += ["--batch-size", str(args.batch_size)]
+        if args.profile:
+            cmd += ["--profile", args.profile]
+        procs.append(subprocess.Popen(cmd, env=env))
+    deadline = time.monotonic() + args.seconds + args.shrink_seconds + 120
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            p.kill()  # a worker stuck past its budget (a hung kernel?): keep what it wrote
+            codes.append(p.wait())
+    parts = []
+    for w in range(workers):
+        path = folder / f"w{w}.json"
+        parts.append(json.loads(path.read_text()) if path.exists() else None)
+    merged = _merge(args, device, parts, codes)
+    merged["cache_dir"] = env["FUSER_CACHE_DIR"]
+    _write(args.json, merged)
+    return merged
+
+
+def _merge(
+    args: argparse.Namespace, device: str, parts: list[dict | None], codes: list[int]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {**_header(args, device), "workers": len(parts)}
+    out["worker_exit_codes"] = codes
+    out["lost_workers"] = [i for i, p in enumerate(parts) if p is None]
+    for key in ("fusions", "shrink_runs", "invalid", "fallback_segments", "mismatches", "errors"):
+        out[key] = sum(p[key] for p in parts if p)
+    for key in ("batches", "failures", "invalid_examples"):
+        out[key] = [x for p in parts if p for x in p[key]]
+    for key in ("kinds", "known"):
+        total: Counter = Counter()
+        for p in parts:
+            if p:
+                total.update(p[key])
+        out[key] = dict(total)
+    out["seconds"] = max((p["seconds"] for p in parts if p), default=0.0)
+    out["batch_size"] = next((p["batch_size"] for p in parts if p), None)
+    return out
+
+
+def _print(report: dict[str, Any]) -> None:
+    seeds = [b["seed"] for b in report["batches"]]
+    print(
+        f"fuser fuzz on {report['device']} ({report.get('gpu') or 'Triton interpreter'}), "
+        f"{report['workers']} worker(s), {report['seconds']:.0f}s: "
+        f"{report['fusions']} fusions checked (+{report['shrink_runs']} while shrinking), "
+        f"{report['mismatches']} mismatch(es), {report['errors']} error(s), "
+        f"{report['invalid']} invalid case(s)"
+    )
+    print(f"seed {report['seed']}: {len(seeds)} batches, batch seeds {_ranges(seeds)}")
+    print(f"schedules: {report['kinds']}; ATen fallback segments: {report['fallback_segments']}")
+    if report["known"]:
+        print(f"known bugs seen (xfailed in tests/test_fuzz.py): {report['known']}")
+    for ex in report.get("invalid_examples", []):
+        print(f"invalid case (a generator bug): {ex[:400]}")
+    for f in report["failures"]:
+        print(f"\n=== {f['kind']} in batch seed {f['batch_seed']}: {f['summary']}")
+        print(f["message"])
+        print(f["repro"])
+        print(
+            f"# replay: python -m fuser.fuzz --replay {f['batch_seed']} "
+            f"--device {report['device']} --profile {report['profile']} "
+            f"--batch-size {report['batch_size']}"
+        )
+
+
+def _ranges(seeds: list[int]) -> str:
+    out, seeds = [], sorted(seeds)
+    i = 0
+    while i < len(seeds):
+        j = i
+        while j + 1 < len(seeds) and seeds[j + 1] == seeds[j] + 1:
+            j += 1
+        out.append(str(seeds[i]) if i == j else f"{seeds[i]}-{seeds[j]}")
+        i = j + 1
+    return ", ".join(out) or "none"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    # Triton's interpreter runs numpy on masked-off lanes too: log(0), 1/0 warnings
+    warnings.filterwarnings("ignore", category=RuntimeWarning)
+    device = _device(args.device)
+    if "FUSER_CACHE_DIR" not in os.environ:  # keep the user's cache clean
+        config.cache_dir = Path(tempfile.mkdtemp(prefix="fuser_fuzz_cache_"))
+    if args.workers == "auto":
+        workers = min(8, max(1, (os.cpu_count() or 2) // 2)) if device.startswith("cuda") else 1
+    else:
+        workers = int(args.workers)
+    if workers > 1 and args.replay is None:
+        report = _parallel(args, device, workers)
+    else:
+        report = _single(args, device)
+    if not args.quiet:
+        _print(report)
+    return 1 if report["mismatches"] or report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""Run a fusion with fuser and with ATen, and judge the difference.
+
+Fuser follows eager's roundings op by op (half ops compute in float32 and round to half
+after every op, reductions accumulate in float32), so its outputs are compared with
+eager ATen (`fd.reference`) with a tolerance made of three parts:
+
+- the output dtype's own precision, grown with the reduction length
+  (`fuser.ir.evaluate.tolerance`; one ulp relative for half and bfloat16);
+- 3x eager's own error against a float64 evaluation (`fd.reference(upcast=True)`): where
+  an op's float32 result sits near a half rounding boundary, fuser's (GPU) exp or
+  division may round to the other neighbour, and that flip is worth about twice eager's
+  rounding error at that element, amplified by whatever follows;
+- the sensitivity of the output to small errors in every intermediate: the float64
+  evaluation rerun with every op's result perturbed by +-16 float32 ulps (+-1 ulp for
+  half ops). A GPU's approximate exp/log/rsqrt/division are off by a few float32 ulps;
+  where later ops amplify that (cancellation, sin of a large argument, a comparison or
+  floor right at its threshold) the perturbed runs move by as much, and only there.
+
+NaN and infinity must sit exactly where eager has them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from fuser.config import use_interpreter
+from fuser.frontend.fusion_definition import FusionDefinition
+from fuser.ir.dtypes import DType
+from fuser.ir.evaluate import eval_node, tolerance
+from fuser.ir.graph import Graph, Node
+from fuser.ir.ops import COMPOSITE, REDUCE, Op
+
+PERTURB_ULPS = {torch.float32: 16.0, torch.float16: 1.0, torch.bfloat16: 1.0}
+EAGER_ERROR_FACTOR = 3.0
+MAX_REPORTED = 3  # worst elements shown per output
+
+
+# -- tolerance ------------------------------------------------------------------------
+def reduction_lengths(graph: Graph) -> dict[int, int]:
+    """For every value of a concrete graph: how many input elements feed one element."""
+    n: dict[int, int] = {v.id: 1 for v in graph.inputs}
+    for node in graph.nodes:
+        base = max((n[v.id] for v in node.inputs), default=1)
+        if node.op in REDUCE or node.op in (Op.MEAN, Op.VAR_MEAN):
+            x = node.inputs[0]
+            base *= math.prod(int(x.shape[d]) for d in node.attr("dims")) if x.rank else 1
+        elif node.op in COMPOSITE and node.inputs[0].rank:
+            base *= int(node.inputs[0].shape[-1])
+        for v in node.outputs:
+            n[v.id] = max(base, 1)
+    return n
+
+
+def output_tolerance(dtype: torch.dtype, n: int) -> tuple[float, float]:
+    """(atol, rtol): float32's for `n` accumulated terms, plus one ulp for half outputs."""
+    atol, rtol = tolerance(DType.float32, n)
+    if dtype in (torch.float16, torch.bfloat16):
+        rtol += torch.finfo(dtype).eps
+    elif dtype == torch.float64:
+        atol, rtol = tolerance(DType.float64, n)
+    return atol, rtol
+
+
+# -- the perturbed float64 reference ------------------------------------------------------
+def _perturbable(node: Node) -> bool:
+    return node.op not in (Op.CONST, Op.IOTA, Op.CAST, Op.BROADCAST_IN_DIM)
+
+
+def perturbed_reference(graph: Graph, inputs: Sequence[torch.Tensor], seed: int) -> list:
+    """The graph in float64 with every op's float result moved by a random +-k ulps of
+    the op's own dtype (casts still round, as `fd.reference(upcast=True)` does)."""
+    g = torch.Generator().manual_seed(seed)
+    env: dict[int, torch.Tensor] = {}
+    for v, t in zip(graph.inputs, inputs):
+        env[v.id] = t.double() if t.is_floating_point() else t
+    device = inputs[0].device if inputs else torch.device("cpu")
+    for node in graph.nodes:
+        args = [env[v.id] for v in node.inputs]
+        if node.op == Op.CAST and node.attr("dtype").is_float:
+            outs = [args[0].to(node.attr("dtype").torch).double()]
+        else:
+            outs = eval_node(node, args, device)
+            outs = [o.double() if o.is_floating_point() else o for o in outs]
+        if _perturbable(node):
+            for i, (o, v) in enumerate(zip(outs, node.outputs)):
+                ulps = PERTURB_ULPS.get(v.dtype.torch)
+                if ulps is None or not o.is_floating_point():
+                    continue
+                sign = torch.randint(0, 2, o.shape, generator=g).to(o.device) * 2.0 - 1.0
+                outs[i] = o * (1.0 + sign * ulps * torch.finfo(v.dtype.torch).eps)
+        for v, o in zip(node.outputs, outs):
+            env[v.id] = o
+    return [env[v.id] for v in graph.outputs]
+
+
+# -- comparison -----------------------------------------------------------------------
+def _where(mask: torch.Tensor, limit: int = MAX_REPORTED) -> list[tuple[int, ...]]:
+    idx = mask.nonzero().tolist()[:limit]
+    return [tuple(i) for i in idx]
+
+
+def compare_output(
+    i: int,
+    got: torch.Tensor,
+    eager: torch.Tensor,
+    ref64: torch.Tensor,
+    perturbed: Sequence[torch.Tensor],
+    n: int,
+) -> str | None:
+    """None if output `i` of fuser is as good as eager's, else a message saying where not."""
+    if got.shape != eager.shape or got.dtype != eager.dtype:
+        return (
+            f"output {i}: fuser gives {got.dtype}{list(got.shape)}, "
+            f"eager {eager.dtype}{list(eager.shape)}"
+        )
+    g, e = got.detach().cpu(), eager.detach().cpu()
+    moved = [p.detach().cpu() for p in perturbed]
+    r = ref64.detach().cpu()
+    if not e.is_floating_point():
+        bad = g != e
+        # a comparison right at its threshold may flip: only where the perturbed runs do
+        for p in moved:
+            bad &= p.to(e.dtype) == r.to(e.dtype)
+        if bad.any():
+            where = _where(bad)
+            vals = [(w, g[w].item(), e[w].item()) for w in where]
+            return f"output {i} ({e.dtype}): {int(bad.sum())} element(s) differ, e.g. {vals}"
+        return None
+    g64, e64, r64 = g.double(), e.double(), r.double()
+    # a NaN or inf must be where eager has it; where eager's own NaN/inf disagrees with
+    # the float64 evaluation (CPU ATen's vectorized gelu gives NaN at +inf), fuser may
+    # match the float64 one instead
+    special = ~g64.isfinite() | ~e64.isfinite()
+    fmax = torch.finfo(e.dtype).max
+    near_max = e64.abs() >= fmax * (1 - 4 * torch.finfo(e.dtype).eps)
+    odd = special & ~_same_class(g64, e64) & ~_same_class(g64, r64)
+    odd &= ~(g64.isinf() & near_max)  # the largest finite value rounding to inf, or not
+    nan_bad = odd & (g64.isnan() | e64.isnan())
+    inf_bad = odd & ~nan_bad
+    finite = g64.isfinite() & e64.isfinite()
+    atol, rtol = output_tolerance(e.dtype, n)
+    slack = torch.zeros_like(e64)
+    ok_r = r64.isfinite()
+    slack[ok_r & finite] = EAGER_ERROR_FACTOR * (e64 - r64).abs()[ok_r & finite]
+    for p in moved:
+        p64 = p.double()
+        sens = (p64 - r64).abs()
+        sens = torch.where(sens.isnan() | ~ok_r, torch.inf, sens)
+        slack = torch.maximum(slack, sens)
+    err = (g64 - e64).abs()
+    allowed = atol + rtol * e64.abs() + slack
+    val_bad = finite & (err > allowed)
+    bad = nan_bad | inf_bad | val_bad
+    if not bad.any():
+        return None
+    parts = []
+    if nan_bad.any():
+        parts.append(f"NaN pattern differs at {int(nan_bad.sum())} element(s) {_where(nan_bad)}")
+    if inf_bad.any():
+        parts.append(f"inf differs at {int(inf_bad.sum())} element(s) {_where(inf_bad)}")
+    if val_bad.any():
+        excess = torch.where(val_bad, err / allowed, torch.zeros_like(err))
+        worst = tuple(np.unravel_index(int(excess.argmax()), tuple(e.shape))) if e.dim() else ()
+        parts.append(
+            f"{int(val_bad.sum())}/{e.numel()} element(s) out of tolerance; worst at {worst}: "
+            f"fuser {g64[worst].item():.8g}, eager {e64[worst].item():.8g}, "
+            f"float64 {r64[worst].item():.8g}, allowed +-{allowed[worst].item():.3g} "
+            f"(atol {atol:.2g}, rtol {rtol:.2g}, n {n})"
+        )
+    return f"output {i} ({e.dtype}{list(e.shape)}): " + "; ".join(parts)
+
+
+def _same_class(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Both NaN, or both the same infinity."""
+    return (a.isnan() & b.isnan()) | (a.isinf() & (a == b))
+
+
+def compare(
+    fd: FusionDefinition, inputs: Sequence[torch.Tensor], runs: int = 1, perturbations: int = 2
+) -> list[str]:
+    """Execute `fd` on `inputs` `runs` times; the problems found (empty: fuser agrees).
+
+    Later runs take the cached plan (on a GPU, Triton's compiled kernel directly): they
+    must give bit for bit the first run's outputs.
+    """
+    inputs = list(inputs)
+    got = fd.execute(inputs)
+    eager = fd.reference(inputs)
+    ref64 = fd.reference(inputs, upcast=True)
+    graph = fd.bind(inputs)
+    lengths = reduction_lengths(graph)
+    moved = [perturbed_reference(graph, inputs, seed) for seed in range(perturbations)]
+    problems = []
+    if len(got) != len(eager):
+        return [f"fuser gives {len(got)} outputs, eager {len(eager)}"]
+    for i, (g, e, r, v) in enumerate(zip(got, eager, ref64, graph.outputs)):
+        msg = compare_output(i, g, e, r, [m[i] for m in moved], lengths[v.id])
+        if msg:
+            problems.append(msg)
+    for run in range(1, runs):
+        again = fd.execute(inputs)
+        for i, (a, b) in enumerate(zip(again, got)):
+            if not _same_bits(a, b):
+                problems.append(f"output {i}: run {run + 1} differs from run 1 (cached launch)")
+    return problems
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return bool((a == b).all())
+
+
+# -- Triton's interpreter -------------------------------------------------------------
+_COMPARES = (np.less, np.less_equal, np.greater, np.greater_equal, np.equal, np.not_equal)
+
+
+def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+@contextlib.contextmanager
+def gpu_faithful_interpreter() -> Iterator[None]:
+    """Make Triton's CPU interpreter treat bfloat16 as a GPU does, while fuzzing.
+
+    Triton 3.x's interpreter keeps bfloat16 data as uint16 bit patterns (numpy has no
+    bfloat16), so (1) narrowing to bfloat16 truncates the mantissa instead of rounding
+    to nearest even, (2) bf16 comparisons compare the bit patterns as unsigned ints
+    (-1.5 > 1.5), and (3) bool -> bf16 casts fail. Fuser's generated code hits all three
+    (strict xfails in tests/test_fuzz.py show it on the unpatched interpreter); under
+    this context they behave as on a GPU, so CPU fuzzing keeps testing fuser itself.
+    (1) is also the `_interpreter_rounds_bf16_to_nearest` fixture of test_kernels.py.
+    """
+    if not use_interpreter():
+        yield
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    convert_float = getattr(interpreter, "_convert_float", None)
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    handle = getattr(interpreter, "TensorHandle", None)
+    if convert_float is None or builder is None or handle is None:
+        yield
+        return
+    binary_op = builder.binary_op
+
+    def convert(data: np.ndarray, src: object, dst: object, rounding_mode: object) -> np.ndarray:
+        if dst == tl.bfloat16 and src in (tl.float32, tl.float16, tl.float64, tl.int1):
+            wide = torch.from_numpy(np.ascontiguousarray(data).astype(np.float64))
+            return wide.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        return convert_float(data, src, dst, rounding_mode)
+
+    def binary(self: object, lhs: object, rhs: object, op: object) -> object:
+        bf16 = lhs.dtype.scalar == tl.bfloat16 and rhs.dtype.scalar == tl.bfloat16
+        if bf16 and op in _COMPARES:
+            lhs = handle(_bf16_bits_to_f32(lhs.data), tl.float32)
+            rhs = handle(_bf16_bits_to_f32(rhs.data), tl.float32)
+        return binary_op(self, lhs, rhs, op)
+
+    interpreter._convert_float = convert
+    builder.binary_op = binary
+    try:
+        yield
+    finally:
+        interpreter._convert_float = convert_float
+        builder.binary_op = binary_op

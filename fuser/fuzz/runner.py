@@ -1,0 +1,213 @@
+"""Check fuzz cases, and run hypothesis batches of them against a time budget.
+
+A batch is one hypothesis run with one seed: it generates up to `examples` cases and,
+on the first failure, shrinks it (for at most `shrink_seconds`) and stops. Every seed
+is recorded, so any batch can be replayed with `python -m fuser.fuzz --replay SEED`.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
+
+from fuser.fuzz.case import FuzzCase, build, make_inputs, repro
+from fuser.fuzz.check import compare
+from fuser.fuzz.generator import CPU, GPU, Profile, fuzz_cases
+from fuser.fuzz.known import known_issue
+
+
+@dataclass
+class Outcome:
+    """`status`: ok, mismatch (a wrong number), error (fuser raised on a valid fusion),
+    invalid (the generator made something ATen itself rejects: a fuzzer bug)."""
+
+    status: str
+    problems: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    fallbacks: int = 0
+
+
+def check_case(case: FuzzCase, device: str = "cpu", runs: int = 1) -> Outcome:
+    """Build, run and compare one case."""
+    try:
+        fd = build(case)
+        inputs = make_inputs(case, device)
+        fd.reference(inputs)
+    except Exception as e:  # the definition or ATen rejects it: the generator's fault
+        return Outcome("invalid", [f"{type(e).__name__}: {e}"])
+    try:
+        problems = compare(fd, inputs, runs=runs)
+    except Exception as e:
+        tb = traceback.format_exc(limit=-4)
+        return Outcome("error", [f"{type(e).__name__}: {str(e)[:2000]}\n{tb}"])
+    kinds = [k.schedule.kind for k in fd.kernels]
+    fallbacks = fd.explain(print_it=False).count("ATen fallback")
+    return Outcome("mismatch" if problems else "ok", problems, kinds, fallbacks)
+
+
+@dataclass
+class Failure:
+    kind: str
+    batch_seed: int
+    message: str
+    summary: str
+    repro: str
+
+
+@dataclass
+class Stats:
+    fusions: int = 0  # cases checked while generating
+    shrink_runs: int = 0  # cases checked while shrinking a failure
+    invalid: int = 0
+    seconds: float = 0.0
+    batches: list[dict[str, Any]] = field(default_factory=list)
+    kinds: Counter = field(default_factory=Counter)
+    fallback_segments: int = 0
+    failures: list[Failure] = field(default_factory=list)
+    known: Counter = field(default_factory=Counter)  # failures of known, xfailed bugs
+    invalid_examples: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["kinds"] = dict(self.kinds)
+        out["known"] = dict(self.known)
+        out["mismatches"] = sum(f.kind == "mismatch" for f in self.failures)
+        out["errors"] = sum(f.kind == "error" for f in self.failures)
+        return out
+
+
+def profile_for(device: str) -> Profile:
+    return GPU if device.startswith("cuda") else CPU
+
+
+def run_batch(
+    batch_seed: int,
+    examples: int,
+    stats: Stats,
+    device: str = "cpu",
+    profile: Profile | None = None,
+    stop_at: float = float("inf"),
+    shrink_seconds: float = 120.0,
+    runs: int = 1,
+) -> Failure | None:
+    """One hypothesis run; returns the (shrunk) failure, if any."""
+    profile = profile or profile_for(device)
+    found: dict[str, Any] = {"at": None, "case": None, "outcome": None}
+    count = {"generate": 0, "shrink": 0}
+
+    def check(case: FuzzCase) -> None:
+        now = time.monotonic()
+        shrinking = found["at"] is not None
+        if (not shrinking and now > stop_at) or (shrinking and now > found["at"] + shrink_seconds):
+            return  # out of time: let hypothesis wind down
+        out = check_case(case, device, runs)
+        count["shrink" if shrinking else "generate"] += 1
+        if out.status == "invalid":
+            stats.invalid += 1
+            if len(stats.invalid_examples) < 5:
+                stats.invalid_examples.append(f"{out.problems[0][:300]} | {case!r}"[:2000])
+            return
+        if not shrinking:
+            stats.kinds.update(out.kinds)
+            stats.fallback_segments += out.fallbacks
+        if out.status in ("mismatch", "error"):
+            known = known_issue("\n".join(out.problems), case)
+            if known is not None:
+                stats.known[known] += 1
+                return
+            if found["at"] is None:
+                found["at"] = now
+            found["case"], found["outcome"] = case, out
+            raise AssertionError("\n".join(out.problems))
+
+    test = settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        phases=(Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        print_blob=False,
+    )(given(fuzz_cases(profile))(check))
+    try:
+        hypothesis_seed(batch_seed)(test)()
+    except Exception:
+        pass  # the failure, if any, is in `found` (hypothesis re-raises the shrunk one)
+    stats.fusions += count["generate"]
+    stats.shrink_runs += count["shrink"]
+    failure = None
+    if found["case"] is not None:
+        case, out = found["case"], found["outcome"]
+        failure = Failure(
+            out.status, batch_seed, "\n".join(out.problems), case.summary(), _repro(case, device)
+        )
+        stats.failures.append(failure)
+    stats.batches.append(
+        {"seed": batch_seed, "fusions": count["generate"], "failed": failure is not None}
+    )
+    return failure
+
+
+def _repro(case: FuzzCase, device: str) -> str:
+    try:
+        return repro(case, device=device)
+    except Exception as e:  # printing must not hide the failure
+        return f"# repro could not be printed ({type(e).__name__}: {e})\n# {case!r}\n"
+
+
+def run_for(
+    seconds: float,
+    seed: int,
+    device: str = "cpu",
+    batch_size: int | None = None,
+    on_batch: Callable[[Stats], None] | None = None,
+    shrink_seconds: float = 120.0,
+    first_batch: int = 0,
+    profile: Profile | None = None,
+) -> Stats:
+    """Batches with seeds seed*1_000_000 + first_batch, +1, ... until `seconds` pass."""
+    stats = Stats()
+    start = time.monotonic()
+    stop_at = start + seconds
+    batch_size = batch_size or (50 if device.startswith("cuda") else 10)
+    runs = 2 if device.startswith("cuda") else 1  # the cached-launch path is GPU only
+    b = first_batch
+    while time.monotonic() < stop_at:
+        run_batch(
+            seed * 1_000_000 + b,
+            batch_size,
+            stats,
+            device,
+            profile,
+            stop_at=stop_at,
+            shrink_seconds=shrink_seconds,
+            runs=runs,
+        )
+        b += 1
+        stats.seconds = time.monotonic() - start
+        if on_batch:
+            on_batch(stats)
+        if device.startswith("cuda") and _cuda_broken():
+            break  # a kernel faulted: the context is gone, later results mean nothing
+    stats.seconds = time.monotonic() - start
+    return stats
+
+
+def _cuda_broken() -> bool:
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:
+        return True
+
+
+__all__ = ["CPU", "GPU", "Failure", "Outcome", "Stats", "check_case", "run_batch", "run_for"]
