@@ -326,3 +326,19 @@ def test_emulated_kernels_match_reference(emulated, case):
 
     err, fd = run_case(case, "cpu")
     assert not err, f"{case.name}: {err}"
+
+
+def test_emulator_catches_a_misaligned_pack(emulated):
+    """The emulator checks what a GPU would fault on: a plan made for an aligned input
+    (16-byte packs), run on a view that starts one element into its storage."""
+    from test_cuda_cases import misaligned
+
+    from fuser.codegen.cuda.emulate import emulate
+
+    fd = define(lambda fd: fd.add_output(fd.ops.exp(fd.define_tensor([-1, -1], F16))), "bad")
+    (k,) = fd.compile([torch.randn(4, 64).to(F16)], "h100", "cuda")
+    assert k.schedule.vector == 8 and "load_pack<8>" in k.source
+    out = torch.empty(4, 64, dtype=F16)
+    emulate(k, [torch.randn(4, 64).to(F16), out])  # aligned: fine
+    with pytest.raises(FuserError, match="misaligned"):
+        emulate(k, [misaligned(4, 64, F16, "cpu"), out])

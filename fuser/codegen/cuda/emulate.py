@@ -4,7 +4,8 @@ The kernel source is compiled unchanged as C++20 with g++, after a small shim th
 defines what CUDA provides: `threadIdx`/`blockIdx`, `__syncthreads` (a block-wide
 std::barrier), `__shfl_xor_sync` (a per-warp exchange through memory), `__shared__`
 (function statics: blocks run one after another) and the math intrinsics. Only the
-16-bit conversion helpers, written with inline PTX, are swapped for host versions.
+16-bit conversion helpers (inline PTX) and the packed accesses are swapped for host
+versions; those check the alignment a GPU would fault on.
 Every CUDA thread is a std::thread, so the emulator is slow and meant for small shapes;
 it checks what the kernels compute (indexing, predicates, packs, reductions), not how
 fast. GPU runs remain the authority.
@@ -25,9 +26,11 @@ from fuser.errors import CompileError, FuserError
 from fuser.runtime.cache import digest
 
 SHIM = r"""
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -81,7 +84,12 @@ inline double rsqrt(double a) { return 1.0 / std::sqrt(a); }
 
 struct fp16 { unsigned short bits; };
 inline float to_float(fp16 h) { _Float16 f; std::memcpy(&f, &h.bits, 2); return (float)f; }
-inline fp16 to_fp16(float x) { _Float16 f = (_Float16)x; fp16 h; std::memcpy(&h.bits, &f, 2); return h; }
+inline fp16 to_fp16(float x) {
+    _Float16 f = (_Float16)x;
+    fp16 h;
+    std::memcpy(&h.bits, &f, 2);
+    return h;
+}
 inline float round_fp16(float f) { return to_float(to_fp16(f)); }
 
 struct bf16 { unsigned short bits; };
@@ -95,11 +103,32 @@ inline bf16 to_bf16(float f) {
     return h;
 }
 inline float round_bf16(float f) { return to_float(to_bf16(f)); }
+
+// a GPU faults on a misaligned vector access; the host would not, so count them here
+static std::atomic<int> g_misaligned{0};
+static inline bool aligned(const void* p, size_t bytes) {
+    if (reinterpret_cast<uintptr_t>(p) % bytes == 0) return true;
+    g_misaligned++;
+    return false;
+}
+template <int BYTES> struct Word;
+template <> struct Word<16> { typedef uint4 type; };
+template <> struct Word<8> { typedef uint2 type; };
+template <> struct Word<4> { typedef unsigned int type; };
+template <> struct Word<2> { typedef unsigned short type; };
+template <> struct Word<1> { typedef unsigned char type; };
+template <int N, typename T> inline void load_pack(T* dst, const T* src) {
+    if (aligned(src, N * sizeof(T))) std::memcpy(dst, src, N * sizeof(T));
+}
+template <int N, typename T> inline void store_pack(T* dst, const T* src) {
+    if (aligned(dst, N * sizeof(T))) std::memcpy(dst, src, N * sizeof(T));
+}
 """
 
 RUNNER = r"""
-extern "C" void fuser_emulate_{name}(void** args, unsigned gx, unsigned gy, unsigned gz,
-                                      int threads) {{
+extern "C" int fuser_emulate_{name}(void** args, unsigned gx, unsigned gy, unsigned gz,
+                                     int threads) {{
+    g_misaligned = 0;
     for (unsigned bz = 0; bz < gz; ++bz)
         for (unsigned by = 0; by < gy; ++by)
             for (unsigned bx = 0; bx < gx; ++bx) {{
@@ -114,6 +143,7 @@ extern "C" void fuser_emulate_{name}(void** args, unsigned gx, unsigned gy, unsi
                     }});
                 for (auto& th : pool) th.join();
             }}
+    return g_misaligned;
 }}
 """
 
@@ -130,7 +160,7 @@ def host_source(source: str, kernels: list[tuple[str, list[str]]]) -> str:
     """`source` with the shim in front, the PTX helpers swapped out and one runner per
     kernel ((name, C types of its pointer arguments))."""
     body = source
-    for name in ("fp16", "bf16"):
+    for name in ("fp16", "bf16", "pack"):
         body = body.replace(HELPERS[name], "")
     runners = []
     for name, types in kernels:
@@ -180,7 +210,13 @@ def emulate(kernel: Any, tensors: list[Any]) -> None:
     ptrs = [t.data_ptr() for t in [*tensors, *work]]
     args = (ctypes.c_void_p * len(ptrs))(*ptrs)
     grid = (*s.grid, 1, 1)[:3]
-    getattr(lib, f"fuser_emulate_{kernel.name}")(args, *map(ctypes.c_uint, grid), s.threads)
+    launches = [(kernel.name, grid, s.threads)]
     if kernel.workspaces:
-        fin = getattr(lib, f"fuser_emulate_{kernel.name}_finalize")
-        fin(args, ctypes.c_uint(grid[0]), ctypes.c_uint(1), ctypes.c_uint(1), finalize_threads(s))
+        launches.append((kernel.name + "_finalize", (grid[0], 1, 1), finalize_threads(s)))
+    for name, g, threads in launches:
+        bad = getattr(lib, f"fuser_emulate_{name}")(args, *map(ctypes.c_uint, g), threads)
+        if bad:
+            raise FuserError(
+                f"emulated kernel {name} made {bad} misaligned packed accesses "
+                "(a GPU would fault: 'misaligned address')"
+            )

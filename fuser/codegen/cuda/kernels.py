@@ -23,7 +23,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _slot_region(var: str, count: int, setup: list[str], width: int, **guards: str | None):
+def _slot_region(
+    var: str, count: int, setup: list[str], width: int, **guards: str | None
+) -> Region:
     """A region looping `var` over `count` slots (or naming the single slot 0)."""
     if count == 1:
         return Region("", [f"const int {var} = 0;", *setup], width, **guards)

@@ -205,8 +205,9 @@ def render_op(op: Op, args: list[str], ct: str) -> str:
 
 
 # -- helpers, emitted into a kernel's source when it uses them ----------------------------
-HELPERS: dict[str, str] = {
-    "fp16": r"""// 16-bit floats travel as their bits; all math on them is done in float32.
+_HELPERS: dict[str, str] = {
+    "fp16": r"""
+// 16-bit floats travel as their bits; all math on them is done in float32.
 struct fp16 { unsigned short bits; };
 __device__ __forceinline__ float to_float(fp16 h) {
     float f;
@@ -219,7 +220,8 @@ __device__ __forceinline__ fp16 to_fp16(float f) {
     return h;
 }
 __device__ __forceinline__ float round_fp16(float f) { return to_float(to_fp16(f)); }""",
-    "bf16": r"""struct bf16 { unsigned short bits; };
+    "bf16": r"""
+struct bf16 { unsigned short bits; };
 __device__ __forceinline__ float to_float(bf16 h) {
     return __uint_as_float(static_cast<unsigned>(h.bits) << 16);
 }
@@ -229,7 +231,8 @@ __device__ __forceinline__ bf16 to_bf16(float f) {
     return h;
 }
 __device__ __forceinline__ float round_bf16(float f) { return to_float(to_bf16(f)); }""",
-    "pack": r"""// N consecutive elements moved as one N * sizeof(T)-byte access; the renderer only
+    "pack": r"""
+// N consecutive elements moved as one N * sizeof(T)-byte access; the renderer only
 // asks for widths the pointer's alignment and the strides allow.
 template <int BYTES> struct Word;
 template <> struct Word<16> { typedef uint4 type; };
@@ -255,17 +258,20 @@ __device__ __forceinline__ void store_pack(T* dst, const T* src) {
     for (int k = 0; k < N; ++k) u.elems[k] = src[k];
     *reinterpret_cast<W*>(dst) = u.word;
 }""",
-    "inf": r"""#define POS_INF __int_as_float(0x7f800000)
+    "inf": r"""
+#define POS_INF __int_as_float(0x7f800000)
 #define NEG_INF __int_as_float(0xff800000)
 #define NAN_F __int_as_float(0x7fffffff)""",
-    "max_nan": r"""// max/min that return NaN when either operand is NaN, as torch.maximum/amax do
+    "max_nan": r"""
+// max/min that return NaN when either operand is NaN, as torch.maximum/amax do
 template <typename T> __device__ __forceinline__ T max_nan(T a, T b) {
     return (a > b || a != a) ? a : b;
 }
 template <typename T> __device__ __forceinline__ T min_nan(T a, T b) {
     return (a < b || a != a) ? a : b;
 }""",
-    "reduce_ops": r"""struct Sum {
+    "reduce_ops": r"""
+struct Sum {
     template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
 };
 struct Max {
@@ -278,7 +284,8 @@ struct Min {
         return min_nan(a, b);
     }
 };""",
-    "warp_reduce": r"""// Combine x over aligned groups of W lanes (W a power of two up to 32): xor shuffles,
+    "warp_reduce": r"""
+// Combine x over aligned groups of W lanes (W a power of two up to 32): xor shuffles,
 // so every lane of the group ends with the same, deterministic result.
 template <int W, typename T, typename F>
 __device__ __forceinline__ T warp_reduce(T x, F f) {
@@ -286,7 +293,8 @@ __device__ __forceinline__ T warp_reduce(T x, F f) {
     for (int o = W / 2; o > 0; o /= 2) x = f(x, __shfl_xor_sync(0xffffffffu, x, o));
     return x;
 }""",
-    "row_reduce": r"""// Combine x over the TPR (> 32) consecutive threads of a row: shuffles inside each warp,
+    "row_reduce": r"""
+// Combine x over the TPR (> 32) consecutive threads of a row: shuffles inside each warp,
 // then one value per warp through shared memory, read back by every thread of the row
 // in the same order. Every thread of the block must call it (it holds a barrier).
 template <int TPR, typename T, typename F>
@@ -301,7 +309,8 @@ __device__ __forceinline__ T row_reduce(T x, F f, T* part) {
     for (int w = 1; w < WARPS; ++w) x = f(x, part[first + w]);
     return x;
 }""",
-    "column_reduce": r"""// Combine each thread's V column accumulators over the TY thread rows of the block
+    "column_reduce": r"""
+// Combine each thread's V column accumulators over the TY thread rows of the block
 // (threads with the same threadIdx.x % TPR share columns): a fixed-order tree through
 // shared memory, so the sum is deterministic. Thread row 0 ends with the result.
 template <int TPR, int TY, int V, typename T, typename F>
@@ -323,6 +332,7 @@ __device__ __forceinline__ void column_reduce(T (&acc)[V], F f, T* part) {
     }
 }""",
 }
+HELPERS = {name: text.strip("\n") for name, text in _HELPERS.items()}
 # helpers another helper relies on
 HELPER_DEPS = {
     "reduce_ops": ["max_nan"],
