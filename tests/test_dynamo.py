@@ -395,3 +395,37 @@ def test_side_effects_are_never_reordered_across_a_region():
     effects = {s1, s2}
     regions = form_regions(g, lambda n: n in (a, c), effects.__contains__)
     assert [[n.name for n in r] for r in regions] == [["exp"], ["add"]]
+
+
+def test_outputs_keep_eager_strides():
+    def f(x):
+        return (x.t() * 2).exp()  # eager keeps the transposed layout
+
+    x = rand(3, 5, grad=False)
+    backend = FuserBackend(strict=True, check=True)
+    got = torch.compile(f, backend=backend, dynamic=False)(x)
+    want = f(x)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride() == (1, 5)
+    (region,) = backend.captures[0].graphs[0].regions
+    assert region.restrided
+
+
+def test_check_mode_reports_a_wrong_lowering(monkeypatch):
+    from fuser.dynamo.context import LOWERINGS
+
+    aten = torch.ops.aten
+
+    def wrong_exp(ctx, node):  # exp2 instead of exp: a lowering bug check mode must catch
+        return ctx.finish(node, [ctx.ops.exp2(ctx.tensor(node.args[0]))])
+
+    monkeypatch.setitem(LOWERINGS, aten.exp.default, wrong_exp)
+    backend = FuserBackend(check=True)
+    f = torch.compile(lambda x: x.exp() + 1, backend=backend, dynamic=False)
+    x = rand(2, 3, grad=False)
+    with pytest.warns(UserWarning, match="fuser check: .* differs from ATen"):
+        out = f(x)
+    torch.testing.assert_close(out, x.exp() + 1)  # the ATen result is the one returned
+    (region,) = backend.captures[0].graphs[0].regions
+    assert region.mismatches
+    assert "CHECK FAILED" in fuser.explain(backend, print_it=False)
