@@ -247,7 +247,10 @@ def test_split_column_sum_has_a_finalize_kernel():
 
 
 # -- errors and the cache -------------------------------------------------------------------
-def test_compile_error_shows_numbered_source_and_log():
+@pytest.mark.parametrize("path", ["core", "bindings"])
+def test_compile_error_shows_numbered_source_and_log(monkeypatch, path):
+    monkeypatch.setattr(cuda_backend, "COMPILER", path)
+    monkeypatch.setattr(config, "disk_cache", False)
     src = 'extern "C" __global__ void broken(float* y) {\n    y[0] = undefined_name;\n}\n'
     with pytest.raises(CompileError) as e:
         cuda_backend.compile_cubin(src, "broken", "sm_90")

@@ -13,6 +13,7 @@ tensors' data pointers (storage offset included) as arguments.
 from __future__ import annotations
 
 import base64
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -52,10 +53,20 @@ def numbered(source: str) -> str:
     return "\n".join(f"{i + 1:>{width}} | {line}" for i, line in enumerate(lines))
 
 
-def nvrtc_version() -> str:
-    from cuda.bindings import nvrtc
+_INSTALL = "pip install cuda-core cuda-bindings nvidia-cuda-nvrtc (or fuser[cuda])"
 
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:
+        raise FuserError(
+            f"backend='cuda' needs NVRTC through cuda-python: {_INSTALL} ({e})"
+        ) from None
     err, major, minor = nvrtc.nvrtcVersion()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise FuserError(f"NVRTC is not usable here: nvrtcVersion() returned {err}")
     return f"{major}.{minor}"
 
 
@@ -116,19 +127,12 @@ def _compile_error(name: str, arch: str, source: str, log: str) -> CompileError:
 def _nvrtc(source: str, name: str, arch: str, max_registers: int | None) -> bytes:
     if COMPILER in ("auto", "core"):
         try:
-            import cuda.core  # noqa: F401
-        except ImportError:
+            return _nvrtc_core(source, name, arch, max_registers)
+        except (ImportError, AttributeError, TypeError):
+            # cuda.core missing, or a version with another API: the plain bindings do it
             if COMPILER == "core":
                 raise
-        else:
-            return _nvrtc_core(source, name, arch, max_registers)
-    try:
-        return _nvrtc_bindings(source, name, arch, max_registers)
-    except ImportError as e:
-        raise FuserError(
-            "backend='cuda' needs NVRTC through cuda-python: pip install cuda-core "
-            f"cuda-bindings nvidia-cuda-nvrtc ({e})"
-        ) from None
+    return _nvrtc_bindings(source, name, arch, max_registers)
 
 
 def compile_cubin(source: str, name: str, arch: str, max_registers: int | None = None) -> bytes:
@@ -204,11 +208,14 @@ class _TorchStream:
         return (0, self.handle)
 
 
+_core_failed: list[str] = []  # why cuda.core could not launch here (then bindings do)
+
+
 def _use_core() -> bool:
-    if LAUNCHER == "bindings":
+    if LAUNCHER == "bindings" or (LAUNCHER == "auto" and _core_failed):
         return False
     try:
-        import cuda.core  # noqa: F401
+        from cuda.core import Device, LaunchConfig, ObjectCode, launch  # noqa: F401
 
         return True
     except ImportError:
@@ -311,13 +318,21 @@ def launch_cuda(kernel: Any, tensors: list[Any]) -> None:
     arch = device_arch(device)
     cubin = compile_cubin(kernel.source, kernel.name, arch, s.max_registers)
     key = digest(kernel.source, arch)
-    core = _use_core()
     index = device.index if device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):
-        fn = _function(cubin, key, kernel.name, index, core)
         work = kernel._workspace_tensors(device)
         args = [t.data_ptr() for t in [*tensors, *work]]
-        _launch(fn, core, s.grid, s.threads, args)
+        launches = [(kernel.name, s.grid, s.threads)]
         if work:
-            fin = _function(cubin, key, kernel.name + "_finalize", index, core)
-            _launch(fin, core, (s.grid[0],), finalize_threads(s), args)
+            launches.append((kernel.name + "_finalize", (s.grid[0],), finalize_threads(s)))
+        for name, grid, threads in launches:
+            core = _use_core()
+            try:
+                _launch(_function(cubin, key, name, index, core), core, grid, threads, args)
+            except (TypeError, AttributeError) as e:
+                # a cuda.core whose API differs from the one written against: note it and
+                # launch through the driver bindings from now on
+                if not core or LAUNCHER != "auto":
+                    raise
+                _core_failed.append(f"{type(e).__name__}: {e}")
+                _launch(_function(cubin, key, name, index, False), False, grid, threads, args)
