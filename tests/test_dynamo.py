@@ -429,3 +429,29 @@ def test_check_mode_reports_a_wrong_lowering(monkeypatch):
     (region,) = backend.captures[0].graphs[0].regions
     assert region.mismatches
     assert "CHECK FAILED" in fuser.explain(backend, print_it=False)
+
+
+def test_backend_name_works_without_importing_fuser_first():
+    """The entry point registers "fuser" on lookup; importing fuser afterwards (or after
+    Dynamo discovered the entry point) must not register it twice."""
+    import os
+    import subprocess
+    import sys
+
+    if not [ep for ep in entry_points(group="torch_dynamo_backends") if ep.name == "fuser"]:
+        pytest.skip("fuser is not pip-installed here (no entry-point metadata)")
+    script = (
+        "import sys, torch\n"
+        "assert 'fuser' in torch._dynamo.list_backends()\n"
+        "assert 'fuser' not in sys.modules\n"
+        "f = torch.compile(lambda x: torch.tanh(x) * 2, backend='fuser')\n"
+        "x = torch.randn(3, 4)\n"
+        "torch.testing.assert_close(f(x), torch.tanh(x) * 2)\n"
+        "import fuser\n"
+        "text = fuser.explain(f, print_it=False)\n"
+        "assert '1 fused regions' in text, text\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from fuser.config import use_interpreter
 from fuser.frontend.builder import Tensor
 from fuser.frontend.fusion_definition import FusionDefinition
 from fuser.ir.dtypes import DType
@@ -73,6 +74,7 @@ class LowerCtx:
         self.fd = fd
         self.ops = fd.ops
         self.values: dict[fx.Node, Any] = {}
+        self.device: torch.device | None = None
         # value id -> (source, broadcast_dims) for every broadcast made here, so chains of
         # views compose into one broadcast from the source (fuser's segmenter maps values
         # of the kernel's rank, or its rows or columns, not lower-rank intermediates)
@@ -85,9 +87,22 @@ class LowerCtx:
             raise NotLowerable(f"input {node.name} is a {type(val).__name__}, not a tensor")
         if val.dtype not in SUPPORTED_DTYPES:
             raise NotLowerable(f"input {node.name} has dtype {val.dtype}, which fuser lacks")
+        self._check_device(node, val.device)
         t = self.fd.define_tensor(static_shape(val, f"input {node.name}"), val.dtype)
         self.values[node] = t
         return t
+
+    def _check_device(self, node: fx.Node, device: torch.device) -> None:
+        if device.type == "cpu" and not use_interpreter():
+            raise NotLowerable(
+                "CPU tensors run through Triton's interpreter, which this process did not "
+                "choose (set TRITON_INTERPRET=1, or import fuser before torch.compile)"
+            )
+        if device.type not in ("cuda", "cpu", "meta"):
+            raise NotLowerable(f"input {node.name} is on {device}; fuser runs on cuda")
+        if self.device is not None and device != self.device:
+            raise NotLowerable(f"operands on {self.device} and {device}")
+        self.device = device
 
     def tensor(self, arg: Any) -> Tensor:
         v = self.operand(arg)
