@@ -98,6 +98,6 @@ def sweep_plans(plan: CompiledFusion) -> list[tuple[str, Schedule, CompiledFusio
     """(label, schedule, plan) for every candidate of every kernel of `plan`."""
     out = []
     for idx, k in plan.kernels.items():
-        for s in candidate_schedules(k.spec, plan.device):
+        for s in candidate_schedules(k.spec, plan.device, plan.backend):
             out.append((f"k{idx}", s, with_schedule(plan, idx, s)))
     return out

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from fuser.config import config, debug_print
-from fuser.errors import FuserError
+from fuser.errors import CompileError, FuserError
 from fuser.ir.evaluate import eval_node, evaluate
 from fuser.ir.graph import Graph, Value
 from fuser.passes import Pipeline, run_pipeline
@@ -187,7 +187,7 @@ def plan(
     specs = build_specs(final, segments, inputs, name, copied)
     kernels = {}
     for idx, spec in specs.items():
-        schedule = choose_schedule(spec, device)
+        schedule = choose_schedule(spec, device, backend)
         kernels[idx] = render_kernel(spec, schedule, backend)
     if copied:
         notes.append(
@@ -206,6 +206,12 @@ def render_kernel(spec: KernelSpec, schedule: Any, backend: str) -> Kernel:
         return Kernel(spec, schedule, render_triton(spec, schedule), "triton")
     if backend == "cuda":
         from fuser.codegen.cuda.render import render_cuda
+
+        if schedule.programs:  # never run a schedule the renderer would misread
+            raise CompileError(
+                f"{spec.name}: the CUDA renderer has no prefetching row loop "
+                f"(schedule {schedule.short()}); choose it for backend='triton'"
+            )
 
         return Kernel(spec, schedule, render_cuda(spec, schedule), "cuda")
     raise FuserError(f"unknown backend {backend!r}; expected one of {BACKENDS}")

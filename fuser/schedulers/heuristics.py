@@ -239,7 +239,11 @@ def _inner_candidates(spec: KernelSpec, dev: Device, v: int) -> list[tuple]:
     ]
 
 
-def schedule_inner(spec: KernelSpec, dev: Device) -> Schedule:
+# Backends whose renderer writes the prefetching row loop (Schedule.programs).
+PREFETCH_BACKENDS = ("triton",)
+
+
+def schedule_inner(spec: KernelSpec, dev: Device, backend: str = "triton") -> Schedule:
     reasons: list[str] = []
     v = vector_width(spec, reasons)
     itemsize = max(a.dtype.itemsize for a in spec.full_args() if not a.is_output)
@@ -278,7 +282,7 @@ def schedule_inner(spec: KernelSpec, dev: Device) -> Schedule:
     # "one block per SM" must hold even if ptxas uses 10% fewer registers than estimated
     # (16384 estimated 66, compiled to 64: two blocks fit, and prefetching lost 5%)
     surely_one = dev.blocks_per_sm(tpr * rpb, int(regs * 0.9)) == 1
-    if surely_one and rpb == 1 and spec.rows > 4 * dev.sms:
+    if surely_one and rpb == 1 and spec.rows > 4 * dev.sms and backend in PREFETCH_BACKENDS:
         # With one resident block per SM nothing overlaps its reductions with loads, so
         # each program keeps its SM and loads the next row while it reduces this one
         # (H100: 8192x20480 12% faster; at 2+ blocks/SM, 12288 and 16384, 5-7% slower).
@@ -367,15 +371,15 @@ def schedule_outer(
     return _with(s, _estimate(spec, dev, s, regs, 0, col_blocks * chunk), reasons)
 
 
-def choose_schedule(spec: KernelSpec, dev: Device) -> Schedule:
+def choose_schedule(spec: KernelSpec, dev: Device, backend: str = "triton") -> Schedule:
     if spec.layout.outer:
         return schedule_outer(spec, dev)
     if spec.layout.inner:
-        return schedule_inner(spec, dev)
+        return schedule_inner(spec, dev, backend)
     return schedule_pointwise(spec, dev)
 
 
-def candidate_schedules(spec: KernelSpec, dev: Device) -> list[Schedule]:
+def candidate_schedules(spec: KernelSpec, dev: Device, backend: str = "triton") -> list[Schedule]:
     """Every legal schedule the heuristics choose among, for measuring their regret.
 
     The heuristic's own choice is always one of them (the sweep times all and reports
@@ -393,7 +397,7 @@ def candidate_schedules(spec: KernelSpec, dev: Device) -> list[Schedule]:
         for v in sorted({v_best, max(v_best // 2, 1)}):
             for c in _inner_candidates(spec, dev, v):
                 out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"]))
-                if c[1] == 1 and spec.rows > 2 * dev.sms:
+                if c[1] == 1 and spec.rows > 2 * dev.sms and backend in PREFETCH_BACKENDS:
                     out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"], True))
             if spec.cols > 2048 or not out:
                 for warps in (4, 8, 16):
@@ -404,7 +408,7 @@ def candidate_schedules(spec: KernelSpec, dev: Device) -> list[Schedule]:
         for per_block in (1024, 2048, 4096, 8192, 16384):
             for warps in (2, 4, 8, 16):
                 out.append(schedule_pointwise(spec, dev, per_block, warps))
-    out.append(choose_schedule(spec, dev))
+    out.append(choose_schedule(spec, dev, backend))
     unique: dict[str, Schedule] = {}
     for sch in out:
         unique.setdefault(f"{sch.short()} {sch.grid}", sch)
