@@ -345,3 +345,30 @@ def test_emulator_catches_a_misaligned_pack(emulated):
     emulate(k, [torch.randn(4, 64).to(F16), out])  # aligned: fine
     with pytest.raises(FuserError, match="misaligned"):
         emulate(k, [misaligned(4, 64, F16, "cpu"), out])
+
+
+@pytest.mark.parametrize("hidden", [768, 5140])
+def test_emulated_prefetching_row_loop(emulated, hidden):
+    """`programs` resident blocks walk the rows, loading the next row during this one's
+    reductions (the heuristics choose it at 8192 x 20480; forced here on 20 rows)."""
+    from test_cuda_cases import run_replaced
+
+    err = run_replaced(seed_layernorm_fusion(), seed_inputs(20, hidden), programs=3)
+    assert not err, err
+
+
+def test_prefetching_row_loop_compiles_and_estimate():
+    from dataclasses import replace
+
+    from fuser.codegen.cuda.render import render_cuda
+    from fuser.runtime.kernel import Kernel
+
+    fd = seed_layernorm_fusion()
+    for h in (12288, 20480):
+        (k,) = fd.compile([meta(h), meta(8192, h), meta(h), meta(h), meta(h)], "h100", "cuda")
+        s = replace(k.schedule, programs=132)
+        pre = Kernel(k.spec, s, render_cuda(k.spec, s), "cuda")
+        assert "row += PROGRAMS" in pre.source and pre.schedule.grid == (132,)
+        r = pre.resources()
+        assert r["spill_bytes"] == 0, r
+        assert within(r["estimate"], r["registers"]), (h, r)

@@ -408,3 +408,30 @@ CASES: list[Case] = [
 SEED_SWEEP = [768, 1024, 1280, 1536, 1600, 2048, 2560, 4096, 5140, 12288, 16384, 20480]
 # the whole sweep at a GPU-sized row count (not emulated)
 GPU_CASES = CASES + [_seed(1000, h) for h in SEED_SWEEP]
+
+
+def run_replaced(fd: FusionDefinition, inputs: list[torch.Tensor], **changes: object) -> str:
+    """Run `fd`'s single kernel with its schedule changed (dataclasses.replace), for
+    schedule features the heuristics pick only at sizes too large to test everywhere;
+    '' when the output matches fd.reference."""
+    from dataclasses import replace
+
+    from fuser.codegen.cuda.render import render_cuda
+    from fuser.runtime.kernel import Kernel
+
+    (k,) = fd.compile(inputs, "h100", "cuda")
+    s = replace(k.schedule, **changes).validate()
+    kernel = Kernel(k.spec, s, render_cuda(k.spec, s), "cuda")
+    graph_inputs = fd._runtime().last.graph.inputs
+    env = {v.id: t for v, t in zip(graph_inputs, inputs)}
+    args, outs = [], []
+    for a, shape in zip(kernel.spec.args, kernel.shapes):
+        if a.is_output:
+            outs.append(torch.empty(shape, dtype=a.dtype.torch, device=inputs[0].device))
+            args.append(outs[-1])
+        else:
+            args.append(env[a.value.id])
+    kernel.launch(args)
+    case = Case(fd.name, lambda fd: None, lambda d: inputs, {s.kind})
+    fd.compile(inputs, "h100", "cuda")  # fd.kernels: the kinds compare() checks
+    return compare(fd, case, inputs, outs)

@@ -110,3 +110,16 @@ def test_64bit_indexing(op):
     else:
         ref = sum(x[i : i + 50000].float().sum(0) for i in range(0, x.shape[0], 50000))
         torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-4)
+
+
+@pytest.mark.parametrize("hidden,programs", [(20480, 132), (5140, 132), (768, 7)])
+def test_prefetching_row_loop(hidden, programs):
+    """Resident blocks walking the rows `programs` apart, each loading its next row while
+    it reduces this one (what the heuristics pick for 8192 x 20480 on an H100)."""
+    from test_cuda_cases import run_replaced
+
+    from fuser.examples import seed_inputs, seed_layernorm_fusion
+
+    inputs = seed_inputs(1000, hidden, device="cuda")
+    err = run_replaced(seed_layernorm_fusion(), inputs, programs=programs)
+    assert not err, err

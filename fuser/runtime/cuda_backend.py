@@ -29,6 +29,9 @@ COMPILER = "auto"
 # otherwise backend="cuda" on a machine without a GPU is an error
 EMULATE_ON_CPU = False
 
+# kernels name every schedule number as a constexpr, used or not: no warning for those
+UNUSED_VARIABLE = 177
+
 _lock = threading.Lock()
 _cubins: dict[str, bytes] = {}
 _functions: dict[tuple[str, int, str], Any] = {}
@@ -71,7 +74,7 @@ def nvrtc_version() -> str:
 
 
 def _options(arch: str, max_registers: int | None) -> list[str]:
-    opts = [f"-arch={arch}", "-std=c++17"]
+    opts = [f"-arch={arch}", "-std=c++17", f"-diag-suppress={UNUSED_VARIABLE}"]
     if max_registers:
         opts.append(f"-maxrregcount={max_registers}")
     return opts
@@ -81,7 +84,11 @@ def _nvrtc_core(source: str, name: str, arch: str, max_registers: int | None) ->
     from cuda.core import Program, ProgramOptions
 
     opts = ProgramOptions(
-        name=f"{name}.cu", arch=arch, std="c++17", max_register_count=max_registers
+        name=f"{name}.cu",
+        arch=arch,
+        std="c++17",
+        max_register_count=max_registers,
+        diag_suppress=[UNUSED_VARIABLE],
     )
     try:
         return bytes(Program(source, "c++", opts).compile("cubin").code)

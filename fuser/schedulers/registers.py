@@ -60,6 +60,7 @@ CUDA_COLUMN_LOOKAHEAD = 8
 # A one-warp block holding a row is limited by the SM's 32 resident blocks, not by
 # registers: ptxas spends ~8 more there, up to the 64 that still keep 32 blocks resident.
 CUDA_ONE_WARP_SLACK = 8
+CUDA_PREFETCH_PER_WORD = 2
 # Looped: ~22 plus the input words of one iteration (v x unroll elements per thread).
 CUDA_LOOPED_BASE = 22
 # Column reduction: ~12 plus one accumulator per column per reduction plus the input
@@ -95,6 +96,10 @@ def cuda_registers(spec: KernelSpec, schedule) -> int:  # noqa: ANN001
         buf = buffer_registers(spec, per_thread)
         regs = CUDA_PERSISTENT_BASE + buf
         regs += math.ceil(per_thread * _words(spec, (Kind.COL,)) / CUDA_COLUMN_LOOKAHEAD)
+        if getattr(s, "programs", 0):
+            # the next row's loads, held through this row's passes: measured ~2 registers
+            # per loaded word (seed fusion, fp16: 5140 +28, 12288 +47, 16384 +33, 20480 +25)
+            regs += math.ceil(CUDA_PREFETCH_PER_WORD * per_thread * _words(spec, (Kind.FULL,)))
         if s.threads == 32 and buf and regs < 64:
             regs = min(64, regs + CUDA_ONE_WARP_SLACK)
     elif s.kind == "inner_looped":

@@ -92,16 +92,7 @@ def inner_persistent(kw: CudaKernelWriter) -> str:
         w.line(
             "const int lane = threadIdx.x % TPR;" if rpb > 1 else "const int lane = threadIdx.x;"
         )
-        first = f"({kw.idx})blockIdx.x * RPB" + (" + threadIdx.x / TPR" if rpb > 1 else "")
-        w.line(f"const {kw.idx} row = {first};")
         row_ok = "row_ok" if row_guard else None
-        if row_guard:
-            w.line("const bool row_ok = row < ROWS;")
-        kw.scalar_prologue()
-        kw.thread_inputs((Kind.ROW,), row_ok)
-        store_row = " && ".join(c for c in ("lane == 0", row_ok) if c)
-        kw.thread_nodes(_row_nodes(kw, 0), store_row)
-
         full_guard = batch * chunk > spec.cols
         regions = [
             _slot_region(
@@ -129,34 +120,93 @@ def inner_persistent(kw: CudaKernelWriter) -> str:
                     col_ok="col_ok" if tail_guard else None,
                 )
             )
-        for d, nodes in enumerate(nests):
-            reds = [n for n in spec.reductions if spec.depth[n.out.id] == d + 1]
-            keep = {vid for vid, nest in kept.items() if nest == d}
+        kw.scalar_prologue()
+        rows = _PersistentRows(kw, nests, kept, regions, nchunks)
+        if not s.programs:
+            first = f"({kw.idx})blockIdx.x * RPB" + (" + threadIdx.x / TPR" if rpb > 1 else "")
+            w.line(f"const {kw.idx} row = {first};")
+            if row_guard:
+                w.line("const bool row_ok = row < ROWS;")
+            rows.emit(row_ok)
+        else:
+            _prefetching_rows(kw, rows)
+    return w.text()
+
+
+def _prefetching_rows(kw: CudaKernelWriter, rows: _PersistentRows) -> None:
+    """PROGRAMS resident blocks, each walking rows PROGRAMS apart (rows_per_block is 1)."""
+    w = kw.w
+    programs = kw.s.grid[0]
+    w.comment(
+        f"{programs} resident blocks walk the rows {programs} apart; each loads its next "
+        "row while it reduces this one",
+        "//",
+    )
+    w.line(f"constexpr int PROGRAMS = {programs};")
+    kw.declare_loads(rows.nest(0))
+    with w.block("{", "}"):
+        w.line(f"const {kw.idx} row = blockIdx.x;")
+        kw.emit_loads(rows.nest(0))
+    w.line("#pragma unroll 1")
+    with w.block(f"for ({kw.idx} row = blockIdx.x; row < ROWS; row += PROGRAMS) {{", "}"):
+        rows.emit(None, prefetch=True)
+
+
+class _PersistentRows:
+    """The passes over one row of an inner persistent kernel."""
+
+    def __init__(self, kw: CudaKernelWriter, nests: list, kept: dict, regions: list, n: int):
+        self.kw, self.nests, self.kept, self.regions, self.nchunks = kw, nests, kept, regions, n
+
+    def reductions(self, d: int) -> list[Node]:
+        spec = self.kw.spec
+        return [n for n in spec.reductions if spec.depth[n.out.id] == d + 1]
+
+    def nest(self, d: int) -> Nest:
+        keep = {vid for vid, nest in self.kept.items() if nest == d}
+        return Nest(
+            self.regions,
+            self.nchunks,
+            "c",
+            self.nests[d],
+            reductions=self.reductions(d),
+            keep=keep,
+            store_when={Kind.COL: "row == 0"},
+        )
+
+    def emit(self, row_ok: str | None, prefetch: bool = False) -> None:
+        kw, w = self.kw, self.kw.w
+        s = kw.s
+        kw.thread_inputs((Kind.ROW,), row_ok)
+        store_row = " && ".join(c for c in ("lane == 0", row_ok) if c)
+        kw.thread_nodes(_row_nodes(kw, 0), store_row)
+        for d in range(len(self.nests)):
+            nest, reds = self.nest(d), self.reductions(d)
             w.line()
             what = ", ".join(f"{n.op.value} -> {n.out.name}" for n in reds) or "the outputs"
             w.comment(f"pass {d} over the row's registers: {what}", "//")
-            for vid in sorted(keep):
+            for vid in sorted(nest.keep):
                 val = kw.value(vid)
-                w.line(f"{COMPUTE[val.dtype]} {val.name}[{nchunks}][V];  // kept for later passes")
-            kw.arrays |= keep
+                w.line(
+                    f"{COMPUTE[val.dtype]} {val.name}[{self.nchunks}][V];  // kept for later passes"
+                )
+            kw.arrays |= nest.keep
             for n in reds:
                 kw.declare_acc(n)
-            kw.emit_nest(
-                Nest(
-                    regions,
-                    nchunks,
-                    "c",
-                    nodes,
-                    reductions=reds,
-                    keep=keep,
-                    store_when={Kind.COL: "row == 0"},
-                )
-            )
+            if prefetch and d == 0:
+                kw.emit_compute(nest)
+                w.comment("the next row's loads, in flight through this row's reductions", "//")
+                w.line(f"const {kw.idx} next = row + PROGRAMS;")
+                with w.block("{", "}"):
+                    w.line(f"const {kw.idx} row = next;")
+                    w.line("const bool row_ok = row < ROWS;")
+                    kw.emit_loads(nest, row_ok="row_ok")
+            else:
+                kw.emit_nest(nest)
             for n in reds:
-                kw.row_reduce(n, tpr, rpb)
+                kw.row_reduce(n, s.threads_per_row, s.rows_per_block)
                 kw.store_value(n.out, store_row)
             kw.thread_nodes(_row_nodes(kw, d + 1), store_row)
-    return w.text()
 
 
 def _row_nodes(kw: CudaKernelWriter, depth: int) -> list[Node]:

@@ -343,28 +343,46 @@ class CudaKernelWriter:
     def emit_nest(self, nest: Nest) -> None:
         """Loads of FULL (and per-slot ROW) inputs for every slot first, then per slot:
         column inputs (cache hits, loaded where used), the elements, the stores."""
-        w, slot = self.w, f"[{nest.var}]"
-        self.slot_var = nest.var
+        self.declare_loads(nest)
+        self.emit_loads(nest)
+        self.emit_compute(nest)
+
+    def early_loads(self, nest: Nest) -> list[Arg]:
+        """The inputs a nest loads for all its slots before computing (not COL ones)."""
+        return [a for a in self.nest_inputs(nest) if a.kind != Kind.COL]
+
+    def declare_loads(self, nest: Nest, masked: bool | None = None) -> None:
+        early = self.early_loads(nest)
         width = max(r.width for r in nest.regions)
-        loads = self.nest_inputs(nest)
-        early = [a for a in loads if a.kind != Kind.COL]
-        masked = any(self.guard(a, r) for a in early for r in nest.regions)
+        if masked is None:
+            masked = any(self.guard(a, r) for a in early for r in nest.regions)
         for a in early:
             dims = f"[{nest.slots}]" + (f"[{width}]" if a.kind != Kind.ROW else "")
-            w.line(f"{MEMORY[a.dtype]} {a.name}_v{dims}{' = {}' if masked else ''};")
-        if early:
-            w.comment("loads of every slot first, so that they are all in flight together", "//")
-            for r in nest.regions:
-                with self.region(r):
-                    for a in early:
-                        if a.kind == Kind.ROW:
-                            stmts = [f"{a.name}_v{slot} = {a.name}_ptr[{self.offset(a)}];"]
-                        else:
-                            stmts = self.access(a, r.width, f"{a.name}_v{slot}", True)
-                        self.guarded(self.guard(a, r), stmts)
+            self.w.line(f"{MEMORY[a.dtype]} {a.name}_v{dims}{' = {}' if masked else ''};")
+
+    def emit_loads(self, nest: Nest, row_ok: str | None = None) -> None:
+        """The early loads of every slot; `row_ok` overrides the regions' row guard."""
+        early = self.early_loads(nest)
+        if not early:
+            return
+        slot = f"[{nest.var}]"
+        self.w.comment("loads of every slot first, so that they are all in flight together", "//")
         for r in nest.regions:
             with self.region(r):
-                self.nest_body(nest, r, loads, slot)
+                guards = Region(r.header, r.setup, r.width, row_ok or r.row_ok, r.col_ok)
+                for a in early:
+                    if a.kind == Kind.ROW:
+                        stmts = [f"{a.name}_v{slot} = {a.name}_ptr[{self.offset(a)}];"]
+                    else:
+                        stmts = self.access(a, r.width, f"{a.name}_v{slot}", True)
+                    self.guarded(self.guard(a, guards), stmts)
+
+    def emit_compute(self, nest: Nest) -> None:
+        self.slot_var = nest.var
+        loads = self.nest_inputs(nest)
+        for r in nest.regions:
+            with self.region(r):
+                self.nest_body(nest, r, loads, f"[{nest.var}]")
 
     @contextmanager
     def region(self, r: Region) -> Iterator[None]:
