@@ -455,3 +455,21 @@ def test_backend_name_works_without_importing_fuser_first():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_row_views_do_not_split_regions():
+    """view -> elementwise -> view back, and a sum over the rows of a view, fuse with
+    their neighbours (views.py moves the views out of the way)."""
+
+    def f(a, b, x):
+        h = torch.tanh(a.view(2, 3, 8) * b.view(2, 3, 8))  # a, b: [6, 8]
+        z = h.view(6, 8)
+        return z.sum(0), z * 2, (x.exp() + 1).view(6, 8).sum(0, keepdim=True)
+
+    args = [rand(6, 8), rand(6, 8, seed=1), rand(2, 3, 8, seed=2)]
+    backend, _ = run_both(f, args)
+    forward = backend.captures[0].graphs[0]
+    assert forward.views_moved >= 2
+    assert len(forward.fused) == 2, [r.ops for r in forward.fused]
+    others = [fb for fb in forward.fallbacks if fb.op not in ("aten.reshape", "aten.detach")]
+    assert not others, others

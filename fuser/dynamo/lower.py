@@ -30,6 +30,7 @@ from fuser.dynamo.region import (
     record_for,
 )
 from fuser.dynamo.support import describe, is_free, is_side_effect, op_name, try_lower
+from fuser.dynamo.views import sink_row_views
 from fuser.errors import FuserError
 
 VIEW_ONLY = "only views/constants, no compute: not worth a kernel, stays ATen (free)"
@@ -54,6 +55,7 @@ class GraphRecord:
     regions: list[RegionRecord] = field(default_factory=list)
     fallbacks: list[Fallback] = field(default_factory=list)
     compile_seconds: float = 0.0
+    views_moved: int = 0  # row views taken out from between fusible ops (views.py)
     aten_graph: str = ""
     module: fx.GraphModule | None = field(default=None, repr=False)
 
@@ -266,6 +268,7 @@ def lower_graph(
     t0 = time.perf_counter()
     record = GraphRecord(kind, name, sum(1 for n in gm.graph.nodes if n.op == "call_function"))
     record.aten_graph = "\n".join(describe(n) for n in gm.graph.nodes if n.op == "call_function")
+    record.views_moved = sink_row_views(gm.graph)
     planned = _plan_regions(gm, record, strict, check)
     new_gm = rewrite(gm, planned)
     record.module = new_gm
