@@ -16,7 +16,25 @@ def _indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line if line else line for line in text.splitlines())
 
 
-def region_text(r: RegionRecord, source: bool = False) -> str:
+def _brief_kernels(r: RegionRecord) -> list[str]:
+    """One line per kernel (name, ops, schedule) and per ATen segment of the fusion."""
+    assert r.fd is not None
+    plan = r.fd._runtime().last
+    if plan is None:
+        return []
+    lines = []
+    for seg in plan.segments:
+        k = plan.kernels.get(seg.index)
+        if k is None:
+            lines.append(f"    ATen segment: {seg.ops_summary()} ({seg.reason})")
+            continue
+        head, _, sched, *_ = k.explain().splitlines() + ["", "", ""]
+        lines.append(f"    {head.removeprefix('kernel ')}")
+        lines.append(f"      {sched.strip()}")
+    return lines
+
+
+def region_text(r: RegionRecord, source: bool = False, brief: bool = False) -> str:
     head = f"  region {r.name}: {r.ops}  ({r.inputs} inputs, {r.outputs} outputs"
     head += f", {r.calls} calls)" if r.calls else ")"
     lines = [head]
@@ -28,6 +46,8 @@ def region_text(r: RegionRecord, source: bool = False) -> str:
         lines.append(f"    CHECK FAILED: {m}")
     if r.restrided:
         lines.append(f"    outputs {', '.join(r.restrided)} are copied to ATen's strides")
+    if brief:
+        return "\n".join(lines + _brief_kernels(r))
     lines.append(f"    fusion {r.fd.name}:")
     lines.append(_indent(r.fd._runtime().explain(), "      "))
     if source:
@@ -48,19 +68,19 @@ def fallbacks_text(record: GraphRecord) -> str:
     return "\n".join(lines)
 
 
-def graph_text(record: GraphRecord, source: bool = False) -> str:
+def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -> str:
     fused = record.fused
     lines = [
         f"-- {record.kind} graph {record.name}: {record.nodes} ATen ops -> {len(fused)} fused "
         f"regions ({len(record.kernels)} kernels), {len(record.fallbacks)} ATen calls; "
         f"lowered in {record.compile_seconds:.2f}s"
     ]
-    lines += [region_text(r, source) for r in record.regions]
+    lines += [region_text(r, source, brief) for r in record.regions]
     lines.append(fallbacks_text(record))
     return "\n".join(lines)
 
 
-def captures_text(captures: list[Capture], source: bool = False) -> str:
+def captures_text(captures: list[Capture], source: bool = False, brief: bool = False) -> str:
     if not captures:
         return (
             "fuser: nothing compiled for this yet (torch.compile compiles on the first call; "
@@ -79,7 +99,7 @@ def captures_text(captures: list[Capture], source: bool = False) -> str:
         more = ", ..." if len(c.input_shapes) > 6 else ""
         tag = " (recompile)" if c.recompile else ""
         lines.append(f"\n== capture {c.compile_id}{tag} of {c.where}; inputs {shapes}{more}")
-        lines += [graph_text(g, source) for g in c.graphs]
+        lines += [graph_text(g, source, brief) for g in c.graphs]
     return "\n".join(lines)
 
 
@@ -106,9 +126,12 @@ def captures_of(obj: Any) -> list[Capture]:
     return [c for c in CAPTURES if c.codes and c.codes[0] in codes]
 
 
-def explain(obj: Any = None, source: bool = False, print_it: bool = True) -> str:
+def explain(
+    obj: Any = None, source: bool = False, print_it: bool = True, brief: bool = False
+) -> str:
     """Each fused region with its kernels (schedule, reasons; `source=True` adds the
-    generated source) and each ATen call with why it was not fused.
+    generated source, `brief=True` keeps one schedule line per kernel) and each ATen call
+    with why it was not fused.
 
     `obj`: what `fuser.trace` returned, a model or function compiled with
     backend="fuser" (after its first call), a FuserBackend, a FusionDefinition, or None
@@ -119,9 +142,9 @@ def explain(obj: Any = None, source: bool = False, print_it: bool = True) -> str
     if isinstance(obj, FusionDefinition):
         return obj.explain(print_it)
     if isinstance(obj, GraphRecord):
-        text = graph_text(obj, source)
+        text = graph_text(obj, source, brief)
     else:
-        text = captures_text(captures_of(obj), source)
+        text = captures_text(captures_of(obj), source, brief)
     if print_it:
         print(text)
     return text

@@ -150,14 +150,14 @@ def fallback_reason(node: fx.Node) -> str:
         return f"{node.op} nodes stay as they are"
     if not isinstance(t, torch._ops.OpOverload):
         return f"Python call {op_name(node)} (size arithmetic or a higher-order op)"
-    if t._schema.is_mutable:
-        return "in-place/mutating op: stays in ATen, in program order"
-    if torch.Tag.nondeterministic_seeded in t.tags:
-        return "random op: stays in ATen so the random stream matches eager"
     base = t._schema.name.split("::")[-1]
     for test, why in _CATEGORIES:
         if test(base):
             return why
+    if t._schema.is_mutable:
+        return "in-place/mutating op: stays in ATen, in program order"
+    if torch.Tag.nondeterministic_seeded in t.tags:
+        return "random op: stays in ATen so the random stream matches eager"
     return f"no fuser lowering for {op_name(node)}"
 
 

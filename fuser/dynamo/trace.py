@@ -38,10 +38,10 @@ class Trace:
     def fallbacks(self) -> list[Fallback]:
         return [f for g in self.graphs for f in g.fallbacks]
 
-    def explain(self, source: bool = False, print_it: bool = True) -> str:
+    def explain(self, source: bool = False, print_it: bool = True, brief: bool = False) -> str:
         from fuser.dynamo.explain import explain
 
-        return explain(self, source=source, print_it=print_it)
+        return explain(self, source=source, print_it=print_it, brief=brief)
 
     def __str__(self) -> str:
         return self.explain(print_it=False)
