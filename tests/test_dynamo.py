@@ -355,14 +355,23 @@ def test_new_batch_size_recompiles_visibly():
 
 
 def test_dynamic_shapes_are_specialized_per_size():
+    def f(x, w):
+        return torch.softmax(F.layer_norm(x, (5,), w) * 2, -1)
+
     backend = FuserBackend(strict=True, check=True)
-    f = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend=backend)  # automatic dynamic
+    compiled = torch.compile(f, backend=backend)  # automatic dynamic: sizes turn symbolic
+    w = rand(5, seed=9)
     for rows in (2, 3, 4):
-        x = rand(rows, 5, grad=False)
-        torch.testing.assert_close(f(x), torch.softmax(x, -1) * 2)
+        x = rand(rows, 5, seed=rows)
+        got, want = compiled(x, w), f(x, w)
+        torch.testing.assert_close(got, want)
+        cot = torch.randn(rows, 5, generator=_gen(rows))
+        gx, gw = torch.autograd.grad(got, (x, w), cot)
+        ex, ew = torch.autograd.grad(want, (x, w), cot)
+        torch.testing.assert_close((gx, gw), (ex, ew))
     kinds = [g.kind for c in backend.captures for g in c.graphs]
-    assert kinds[0] == "inference" and len(kinds) == 3
-    assert all("specialized for sizes" in k for k in kinds[1:]), kinds
+    assert kinds[:2] == ["forward", "backward"] and len(kinds) == 6, kinds
+    assert all("specialized for sizes" in k for k in kinds[2:]), kinds
     assert all(g.fused for c in backend.captures for g in c.graphs)
 
 

@@ -215,10 +215,10 @@ class Specializing:
     tensors) and lowers that copy; explain lists every specialization.
     """
 
-    _boxed_call = True
-
     def __init__(self, gm: fx.GraphModule, kind: str, name: str, strict: bool, check: bool):
         self.gm, self.kind, self.name, self.strict, self.check = gm, kind, name, strict, check
+        # an instance attribute: wrappers (torch._dynamo.disable) copy __dict__, not the class
+        self._boxed_call = True
         self.compiled: dict[tuple, Any] = {}
         self.records: list[GraphRecord] = []
         self.on_record: Any = None  # called with each new GraphRecord
@@ -244,7 +244,11 @@ class Specializing:
 
 
 def _sizes(args: list) -> str:
-    return ", ".join(str(list(a.shape)) if isinstance(a, torch.Tensor) else str(a) for a in args)
+    """The values the graph's symbolic sizes take (its int inputs), or the first shapes."""
+    ints = [str(a) for a in args if isinstance(a, int)]
+    if ints:
+        return ", ".join(ints)
+    return ", ".join(str(list(a.shape)) for a in args[:3] if isinstance(a, torch.Tensor))
 
 
 def _propagate(gm: fx.GraphModule, args: list) -> fx.GraphModule:

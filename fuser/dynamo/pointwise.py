@@ -253,8 +253,7 @@ def _view(ctx: LowerCtx, node: fx.Node) -> Any:
     dims = expand_dims(src, dst) if expand else inserted_dims(src, dst)
     if dims is None:
         raise NotLowerable(
-            "a reshape: fuser IR only inserts and broadcasts dims, so it stays an ATen view "
-            "(free)"
+            "a reshape: fuser IR only inserts and broadcasts dims, so it stays an ATen view (free)"
         )
     return ctx.finish(node, [ctx.broadcast(x, dst, dims)])
 
