@@ -11,7 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fuser.config import use_interpreter
-from fuser.fuzz.case import FuzzCase
+from fuser.fuzz.case import FuzzCase, build
+from fuser.ir.dtypes import DType
+from fuser.ir.ops import ELEMENTWISE
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,21 @@ class Known:
     id: str
     test: str  # the strict-xfail regression test
     matches: Callable[[str, FuzzCase], bool]
+
+
+def _mixes_half_dtypes(case: FuzzCase) -> bool:
+    """An elementwise op on float16 and bfloat16 tensors: Triton computes it in float16
+    (its rule 3), torch in float32."""
+    try:
+        graph = build(case).graph
+    except Exception:
+        return False
+    for n in graph.nodes:
+        if n.op in ELEMENTWISE:
+            kinds = {v.dtype for v in n.inputs if v.rank and v.dtype.is_float}
+            if {DType.float16, DType.bfloat16} <= kinds:
+                return True
+    return False
 
 
 KNOWN: tuple[Known, ...] = (
@@ -33,9 +50,19 @@ KNOWN: tuple[Known, ...] = (
         lambda msg, case: "Expected dtype" in msg and "but got" in msg,
     ),
     Known(
+        "float16-with-bfloat16",
+        "tests/test_fuzz.py::test_add_float16_bfloat16",
+        lambda msg, case: "out of tolerance" in msg and _mixes_half_dtypes(case),
+    ),
+    Known(
         "kernel-without-full-input",
         "tests/test_fuzz.py::test_softmax_of_a_broadcast_column",
         lambda msg, case: "max() arg is an empty sequence" in msg and "schedule_inner" in msg,
+    ),
+    Known(
+        "outer-reduction-skips-scalar-nodes",
+        "tests/test_fuzz.py::test_column_sum_of_one_row_minus_its_variance",
+        lambda msg, case: "NameError" in msg and "is not defined" in msg,
     ),
     Known(
         "where-bf16-scalar-interpreter",
@@ -43,9 +70,9 @@ KNOWN: tuple[Known, ...] = (
         lambda msg, case: use_interpreter() and "get_bf16" in msg,
     ),
     Known(
-        "pow-scalar-exponent-interpreter",
+        "scalar-bool-and-interpreter",
         "tests/test_fuzz.py::test_pow_python_scalar_exponent",
-        lambda msg, case: use_interpreter() and "bitwise_and" in msg and "pow_(" in msg,
+        lambda msg, case: use_interpreter() and ("bitwise_and" in msg or "bitwise_or" in msg),
     ),
 )
 
