@@ -123,6 +123,7 @@ def check_pass(args: argparse.Namespace, batches: list, out_dir: Path) -> dict[s
     from fuser.dynamo import FuserBackend
 
     cuda = args.device.startswith("cuda")
+    torch._dynamo.reset()
     model = fresh_model(args.config, args.device, args.vocab, args.seed)
     backend = FuserBackend(check=True)
     compiled = torch.compile(model, backend=backend)
