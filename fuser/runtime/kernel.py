@@ -38,7 +38,13 @@ class Kernel:
     def __post_init__(self) -> None:
         # derived once here, not per launch: the hot path only reads them
         self.shapes = [[int(d) for d in a.value.shape] for a in self.spec.args]
+        self.arg_plan = [
+            (a.is_output, a.value.id, shape, a.dtype.torch)
+            for a, shape in zip(self.spec.args, self.shapes)
+        ]
         self.workspaces = workspaces(self.spec, self.schedule)
+        # a compiled kernel's launcher wants all three grid dimensions
+        self._grid3 = (*self.schedule.grid, 1, 1)[:3]
         self.workspace_dtypes = (
             [accumulator_dtype(n.inputs[0].dtype) for n in self.spec.reductions]
             if self.workspaces
@@ -50,20 +56,22 @@ class Kernel:
         if self.backend == "cuda":
             from fuser.runtime.cuda_backend import launch_cuda
 
-            launch_cuda(self, tensors)
+            launch_cuda(self, tensors)  # allocates its own workspaces
+            return
+        if self.workspaces:
+            args = [*tensors, *self._workspace_tensors(tensors[0].device), self.spec.rows]
+        else:
+            args = [*tensors, self.spec.rows]
+        if self._compiled is not None:
+            # the plan is specific to shapes, strides and alignment, so Triton's compiled
+            # kernel for the first launch fits every later one: skip the JIT's re-binding
+            self._compiled[self._grid3](*args)
+            if self._finalize is not None:
+                self._finalize[(self._grid3[0], 1, 1)](*args)
             return
         from fuser.runtime.triton_backend import load_module
 
         s = self.schedule
-        args = [*tensors, *self._workspace_tensors(tensors[0].device), self.spec.rows]
-        if self._compiled is not None:
-            # the plan is specific to shapes, strides and alignment, so Triton's compiled
-            # kernel for the first launch fits every later one: skip the JIT's re-binding
-            # a compiled kernel's launcher wants all three grid dimensions
-            self._compiled[(*s.grid, 1, 1)[:3]](*args)
-            if self._finalize is not None:
-                self._finalize[(s.grid[0], 1, 1)](*args)
-            return
         interp = tensors[0].device.type != "cuda"
         if self._module is None:
             self._module = load_module(self.source, interp)
