@@ -213,7 +213,8 @@ class FusedRegion(torch.nn.Module):
                 problem = f"is {g.dtype}{list(g.shape)}, ATen gives {w.dtype}{list(w.shape)}"
             else:
                 tol = 1e-2 if low else 1e-4
-                gf, wf = g.double(), w.double()
+                wide = torch.float64 if w.dtype == torch.float64 else torch.float32
+                gf, wf = g.to(wide), w.to(wide)
                 scale = max(1.0, wf.abs().max().item()) if wf.numel() else 1.0
                 if not torch.allclose(gf, wf, atol=tol * scale, rtol=tol, equal_nan=True):
                     err = (gf - wf).abs().nan_to_num(float("inf")).max().item()
