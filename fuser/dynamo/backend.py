@@ -79,6 +79,8 @@ class Capture:
         return f"{c.co_name} ({c.co_filename.rsplit('/', 1)[-1]}:{c.co_firstlineno})"
 
 
+_SHORT = {"forward": "fw", "backward": "bw", "inference": "inf"}
+
 # every Capture made by any FuserBackend in this process, oldest first
 CAPTURES: list[Capture] = []
 
@@ -123,7 +125,7 @@ class FuserBackend:
 
         def compiler(kind: str) -> Any:
             def compile_one(g: fx.GraphModule, inputs: list[Any]) -> Any:
-                name = f"g{cid.replace('/', '_')}_{kind[:3]}"
+                name = f"g{cid.replace('/', '_')}_{_SHORT[kind]}"
                 if is_symbolic(g):
                     spec = Specializing(g, kind, name, self.strict, self.check)
                     spec.on_record = lambda r: (capture.graphs.append(r), _debug(capture, r))
