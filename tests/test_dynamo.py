@@ -482,3 +482,20 @@ def test_row_views_do_not_split_regions():
     assert len(forward.fused) == 2, [r.ops for r in forward.fused]
     others = [fb for fb in forward.fallbacks if fb.op not in ("aten.reshape", "aten.detach")]
     assert not others, others
+
+
+def test_a_lowering_crash_leaves_the_graph_to_aten(monkeypatch):
+    import fuser.dynamo.lower as lower
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("partitioner bug (forced by the test)")
+
+    monkeypatch.setattr(lower, "form_regions", crash)
+    backend = FuserBackend()
+    f = torch.compile(lambda x: torch.sigmoid(x) * x, backend=backend, dynamic=False)
+    x = rand(3, 4, grad=False)
+    with pytest.warns(UserWarning, match="runs as ATen ops: RuntimeError: partitioner bug"):
+        torch.testing.assert_close(f(x), torch.sigmoid(x) * x)
+    assert "LOWERING FAILED" in fuser.explain(backend, print_it=False)
+    with pytest.raises(Exception, match="partitioner bug"):
+        torch.compile(lambda x: x.cos() + 1, backend=FuserBackend(strict=True))(x)

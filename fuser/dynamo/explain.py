@@ -75,6 +75,8 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
         f"regions ({len(record.kernels)} kernels), {len(record.fallbacks)} ATen calls; "
         f"lowered in {record.compile_seconds:.2f}s"
     ]
+    if record.error:
+        lines.append(f"  LOWERING FAILED, the graph runs as ATen ops: {record.error}")
     lines += [region_text(r, source, brief) for r in record.regions]
     lines.append(fallbacks_text(record))
     return "\n".join(lines)

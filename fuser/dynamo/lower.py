@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,7 @@ class GraphRecord:
     fallbacks: list[Fallback] = field(default_factory=list)
     compile_seconds: float = 0.0
     views_moved: int = 0  # row views taken out from between fusible ops (views.py)
+    error: str = ""  # set when lowering failed and the whole graph runs as ATen ops
     aten_graph: str = ""
     module: fx.GraphModule | None = field(default=None, repr=False)
 
@@ -256,10 +258,7 @@ def _propagate(gm: fx.GraphModule, args: list) -> fx.GraphModule:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    graph = fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    graph.output(out)
-    copy = fx.GraphModule(gm, graph)
+    copy = _copy(gm)
     with unset_fake_temporarily():
         FakeTensorProp(copy, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
     return copy
@@ -268,13 +267,37 @@ def _propagate(gm: fx.GraphModule, args: list) -> fx.GraphModule:
 def lower_graph(
     gm: fx.GraphModule, kind: str, name: str, strict: bool = False, check: bool = False
 ) -> Any:
-    """Compile one AOTAutograd graph; returns (boxed callable, GraphRecord)."""
+    """Compile one AOTAutograd graph; returns (boxed callable, GraphRecord).
+
+    Unless strict, an unexpected error while lowering leaves the whole graph to ATen,
+    with the error in the record (explain shows it) and a warning.
+    """
     t0 = time.perf_counter()
     record = GraphRecord(kind, name, sum(1 for n in gm.graph.nodes if n.op == "call_function"))
     record.aten_graph = "\n".join(describe(n) for n in gm.graph.nodes if n.op == "call_function")
-    record.views_moved = sink_row_views(gm.graph)
-    planned = _plan_regions(gm, record, strict, check)
-    new_gm = rewrite(gm, planned)
+    try:
+        work = _copy(gm)  # the passes edit the copy; gm stays the ATen fallback
+        record.views_moved = sink_row_views(work.graph)
+        planned = _plan_regions(work, record, strict, check)
+        new_gm = rewrite(work, planned)
+    except Exception as e:
+        if strict:
+            raise
+        record.error = f"{type(e).__name__}: {str(e)[:500]}"
+        record.regions.clear()
+        record.fallbacks = [
+            Fallback(n.name, op_name(n), "the graph runs as ATen ops (error)")
+            for n in gm.graph.nodes
+            if n.op == "call_function"
+        ]
+        warnings.warn(f"fuser: {kind} graph {name} runs as ATen ops: {record.error}", stacklevel=2)
+        new_gm = gm
     record.module = new_gm
     record.compile_seconds = time.perf_counter() - t0
     return boxed(new_gm), record
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return fx.GraphModule(gm, graph, gm.__class__.__name__)
