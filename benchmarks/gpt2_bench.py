@@ -7,8 +7,9 @@ implementation: GPT-2 124M, B=16, T=1024, bf16 autocast, fused AdamW. For each: 
 every step (parity with eager, step by step), ms/step (median after the warm-up steps),
 tokens/s, peak memory, the first step's time (compilation included) and the number of
 Dynamo graphs and recompilations. JSON lines go to --out as each implementation finishes;
-beside it, fuser's explain report, a CUDA profile of a few steps per implementation, and a
-check pass (each fused region also run in ATen and compared, on real GPU data).
+beside it: fuser's explain report (full and brief), a CUDA profile of a few steps per
+implementation, and a check pass (each fused region also run in ATen and compared, on real
+GPU data; gpt2_fuser_check.txt).
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def run_impl(impl: str, args: argparse.Namespace, batches: list, out_dir: Path) 
     if impl == "fuser":
         text = fuser.explain(model, print_it=False)
         (out_dir / "gpt2_fuser_explain.txt").write_text(text + "\n")
+        brief = fuser.explain(model, print_it=False, brief=True)
+        (out_dir / "gpt2_fuser_explain_brief.txt").write_text(brief + "\n")
     if args.profile_steps:
         try:
             path = out_dir / f"gpt2_profile_{impl}.txt"
