@@ -21,13 +21,22 @@ _lock = threading.Lock()
 _modules: dict[tuple[str, bool], ModuleType] = {}
 
 
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether the file at `path` holds exactly `data` (bytes: a corrupt file need not
+    even be UTF-8)."""
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
+
+
 def load_module(source: str, interpret: bool) -> ModuleType:
     key = (digest(source), interpret)
     with _lock:
         if key in _modules:
             return _modules[key]
         path = Path(cache_root()) / "triton" / f"k_{key[0]}.py"
-        if not path.exists() or path.read_text() != source:
+        if not _holds(path, source.encode()):  # missing, truncated or corrupt: rebuild
             atomic_write(path, source.encode())
         name = f"fuser_generated_{key[0]}_{'interp' if interpret else 'jit'}"
         spec = importlib.util.spec_from_file_location(name, path)
@@ -39,6 +48,9 @@ def load_module(source: str, interpret: bool) -> ModuleType:
                 "first imported (TRITON_INTERPRET=1); this process runs Triton on the GPU. "
                 "Move the inputs to the GPU, or start the process with TRITON_INTERPRET=1."
             )
-        spec.loader.exec_module(module)
+        # compiled from the source in hand, not through the import system: its
+        # __pycache__ .pyc is trusted once its header matches, and a corrupt body then
+        # fails every later load ("bad marshal data"); Triton reads the file for the source
+        exec(compile(source, str(path), "exec"), module.__dict__)
         _modules[key] = module
         return module
