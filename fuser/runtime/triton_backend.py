@@ -12,13 +12,45 @@ import importlib.util
 import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from fuser.config import use_interpreter
 from fuser.errors import FuserError
 from fuser.runtime.cache import atomic_write, cache_root, digest
 
 _lock = threading.Lock()
-_modules: dict[tuple[str, bool], ModuleType] = {}
+_modules: dict[tuple[str, bool], Any] = {}
+# Triton's interpreter keeps the running grid (its size, the program ids) and its patches
+# of triton.language in module globals: two threads launching at once read each other's
+# program ids (wrong results, or "x >= grid_dim[0]"). Interpreted launches take turns.
+_interpreter_lock = threading.RLock()
+
+
+class _TakingTurns:
+    """A module whose kernels, launched as `module.kernel[grid](*args)`, hold
+    `_interpreter_lock` while they run (the module's own globals are untouched, so the
+    kernels still call their helpers directly)."""
+
+    def __init__(self, module: ModuleType):
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._module, name)
+        return _TakingTurnsKernel(fn) if hasattr(fn, "__getitem__") else fn
+
+
+class _TakingTurnsKernel:
+    def __init__(self, fn: Any):
+        self._fn = fn
+
+    def __getitem__(self, grid: Any) -> Any:
+        launch = self._fn[grid]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with _interpreter_lock:
+                return launch(*args, **kwargs)
+
+        return run
 
 
 def _holds(path: Path, data: bytes) -> bool:
@@ -30,7 +62,8 @@ def _holds(path: Path, data: bytes) -> bool:
         return False
 
 
-def load_module(source: str, interpret: bool) -> ModuleType:
+def load_module(source: str, interpret: bool) -> Any:
+    """The module of generated `source` (interpreted launches serialized, see above)."""
     key = (digest(source), interpret)
     with _lock:
         if key in _modules:
@@ -52,5 +85,5 @@ def load_module(source: str, interpret: bool) -> ModuleType:
         # __pycache__ .pyc is trusted once its header matches, and a corrupt body then
         # fails every later load ("bad marshal data"); Triton reads the file for the source
         exec(compile(source, str(path), "exec"), module.__dict__)
-        _modules[key] = module
-        return module
+        _modules[key] = _TakingTurns(module) if interpret else module
+        return _modules[key]
