@@ -263,6 +263,21 @@ def test_div_of_float32_by_float16() -> None:
 
 @pytest.mark.xfail(
     strict=True,
+    reason="templates.py pow_ computes exp2(b * log2|a|): pow(1, inf) is exp2(inf * 0) = "
+    "NaN where torch (IEEE pow) gives 1; fix: tl.where((a == 1.0) | (b == 0), 1.0, r) "
+    "(and 1 for a == -1 with an infinite b)",
+)
+def test_pow_one_to_the_inf() -> None:
+    def build_fn(fd: FusionDefinition) -> None:
+        fd.add_output(fd.ops.pow(fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])))
+
+    base = torch.tensor([[1.0, 1.0, 2.0, 0.5, -1.0]], device=DEVICE)
+    exponent = torch.tensor([[math.inf, -math.inf, 3.0, math.inf, math.inf]], device=DEVICE)
+    assert_agrees(define(build_fn), [base, exponent])
+
+
+@pytest.mark.xfail(
+    strict=True,
     reason="heuristics.schedule_inner takes max(itemsize) over the kernel's non-output FULL "
     "args; a kernel whose full tiles all come from a broadcast column has none (ValueError: "
     "max() arg is an empty sequence); fix: max(..., default=the widest input's itemsize)",
