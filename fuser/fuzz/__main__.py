@@ -3,7 +3,8 @@
 Runs hypothesis batches of random fusions against ATen until the time is up, on the GPU
 if there is one (else in Triton's CPU interpreter, with smaller sizes), in `--workers`
 processes that share one kernel cache folder. Prints the number of fusions, the seeds
-and every failure as a runnable repro; exits 1 on any mismatch or error.
+and every failure as a runnable repro; exits 1 on any mismatch or error (2 when only
+the generator itself failed).
 """
 
 from __future__ import annotations
@@ -185,14 +186,14 @@ def _print(report: dict[str, Any]) -> None:
         f"{report['workers']} worker(s), {report['seconds']:.0f}s: "
         f"{report['fusions']} fusions checked (+{report['shrink_runs']} while shrinking), "
         f"{report['mismatches']} mismatch(es), {report['errors']} error(s), "
-        f"{report['invalid']} invalid case(s)"
+        f"{report['invalid']} generator failure(s)"
     )
     print(f"seed {report['seed']}: {len(seeds)} batches, batch seeds {_ranges(seeds)}")
     print(f"schedules: {report['kinds']}; ATen fallback segments: {report['fallback_segments']}")
     if report["known"]:
         print(f"known bugs seen (xfailed in tests/test_fuzz.py): {report['known']}")
     for ex in report.get("invalid_examples", []):
-        print(f"invalid case (a generator bug): {ex[:400]}")
+        print(f"generator failure (a fuzzer bug): {ex[:1500]}")
     for f in report["failures"]:
         print(f"\n=== {f['kind']} in batch seed {f['batch_seed']}: {f['summary']}")
         print(f["message"])
@@ -233,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         report = _single(args, device)
     if not args.quiet:
         _print(report)
-    return 1 if report["mismatches"] or report["errors"] else 0
+    if report["mismatches"] or report["errors"]:
+        return 1
+    return 2 if report["invalid"] else 0  # the generator itself failed: a fuzzer bug
 
 
 if __name__ == "__main__":

@@ -144,7 +144,9 @@ class _Draft:
     # -- broadcasting -------------------------------------------------------------
     def _joint(self, idx: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """numpy broadcast of the values' shapes, if it keeps axes meaningful."""
-        vs = [self.vals[i] for i in idx]
+        vs = [self.vals[i] for i in idx if self.vals[i].shape]
+        if not vs:  # rank-0 values only
+            return (), ()
         rank = max(len(v.shape) for v in vs)
         shape: list[int] = [1] * rank
         axes: list[int | None] = [None] * rank
@@ -177,12 +179,12 @@ class _Draft:
     def align(self, idx: list[int]) -> tuple[list[int], tuple[int, ...], tuple[int, ...]]:
         """Operands that broadcast together (explicit broadcast_in_dim where numpy's
         trailing-dims rule would mean something else), and their joint shape and axes."""
-        tensors = [i for i in idx if self.vals[i].shape]
-        joint = self._joint(tensors) if tensors else ((), ())
+        joint = self._joint(idx)
         force = self.draw(st.integers(0, 9)) == 0  # sometimes broadcast explicitly anyway
         if joint is None or force:
             idx = [self.to_domain(i) for i in idx]
-            joint = self._joint([i for i in idx if self.vals[i].shape]) or ((), ())
+            joint = self._joint(idx)
+            assert joint is not None, "values broadcast to the domain always align"
         return idx, joint[0], joint[1]
 
     # -- small helpers ------------------------------------------------------------

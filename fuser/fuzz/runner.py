@@ -140,8 +140,13 @@ def run_batch(
     )(given(fuzz_cases(profile))(check))
     try:
         hypothesis_seed(batch_seed)(test)()
-    except Exception:
-        pass  # the failure, if any, is in `found` (hypothesis re-raises the shrunk one)
+    except Exception as e:
+        # a failure of ours is in `found` (hypothesis re-raises the shrunk one); anything
+        # else is the generator's own bug: count it, it must not pass silently
+        if found["case"] is None:
+            stats.invalid += 1
+            tb = traceback.format_exc(limit=-6)
+            stats.invalid_examples.append(f"batch {batch_seed}: {type(e).__name__}: {e}\n{tb}")
     stats.fusions += count["generate"]
     stats.shrink_runs += count["shrink"]
     failure = None
