@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Union
 
 import sympy
+import torch
 
 from fuser.errors import DefinitionError, ShapeError
 from fuser.ir.dtypes import DType, dtype_of, scalar_dtype
@@ -101,6 +102,23 @@ def broadcast_shapes(op: Op, a: Value, b: Value) -> tuple[Dim, ...]:
     return tuple(out)
 
 
+def _scalar_as_operand_dtype(x: Any, other: Any) -> Any:
+    """A Python float next to a float16/bfloat16 tensor, rounded to that dtype.
+
+    Eager add/sub cast a Python scalar to the op's common dtype before computing (CPU
+    and CUDA alike): a bf16 tensor plus 0.01 adds bf16(0.01) = 0.010009765625 in float32
+    math, not 0.01. Fuser's kernels compute half ops in float32 with the constant as a
+    literal, so the constant must hold the rounded value to give eager's answer. (Eager
+    mul/div differ by device: CPU keeps the scalar unrounded, CUDA rounds it; fuser
+    keeps it, as CPU eager.)
+    """
+    if isinstance(x, float) and isinstance(other, Tensor):
+        dtype = other.value.dtype
+        if dtype in (DType.float16, DType.bfloat16):
+            return float(torch.tensor(x, dtype=dtype.torch))
+    return x
+
+
 class GraphBuilder:
     """Collects nodes in definition order; `graph()` freezes them into a Graph."""
 
@@ -186,6 +204,8 @@ class GraphBuilder:
         )[0]
 
     def binary(self, op: Op, a: Any, b: Any) -> Tensor:
+        if op in (Op.ADD, Op.SUB):
+            a, b = (_scalar_as_operand_dtype(x, y) for x, y in ((a, b), (b, a)))
         a, b = self.operand(op, a, 0), self.operand(op, b, 1)
         if a.ndim and b.ndim:
             shape = broadcast_shapes(op, a.value, b.value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,16 +123,21 @@ def _single(args: argparse.Namespace, device: str) -> dict[str, Any]:
     return out
 
 
-def _parallel(args: argparse.Namespace, device: str, workers: int) -> dict[str, Any]:
-    """`workers` processes of the single mode, one kernel cache folder, merged reports."""
-    folder = Path(tempfile.mkdtemp(prefix="fuser_fuzz_"))
+def _parallel(args: argparse.Namespace, device: str, workers: int, folder: Path) -> dict[str, Any]:
+    """`workers` processes of the single mode, one kernel cache folder, merged reports.
+
+    A worker whose GPU context died (a kernel faulted) stops after recording the case;
+    a fresh worker takes its place while at least 30 s of the budget remain.
+    """
     env = dict(os.environ)
     env.setdefault("FUSER_CACHE_DIR", str(folder / "cache"))
-    procs = []
-    for w in range(workers):
+    end = time.monotonic() + args.seconds
+    deadline = end + args.shrink_seconds + 120
+
+    def spawn(w: int, seconds: float) -> subprocess.Popen:
         cmd = [
             sys.executable, "-m", "fuser.fuzz", "--workers", "1", "--quiet",
-            "--seconds", str(args.seconds), "--seed", str(args.seed), "--device", device,
+            "--seconds", f"{seconds:.0f}", "--seed", str(args.seed), "--device", device,
             "--shrink-seconds", str(args.shrink_seconds), "--json", str(folder / f"w{w}.json"),
             "--first-batch", str(w * WORKER_BATCHES),
         ]  # fmt: skip
@@ -139,23 +145,38 @@ def _parallel(args: argparse.Namespace, device: str, workers: int) -> dict[str, 
             cmd += ["--batch-size", str(args.batch_size)]
         if args.profile:
             cmd += ["--profile", args.profile]
-        procs.append(subprocess.Popen(cmd, env=env))
-    deadline = time.monotonic() + args.seconds + args.shrink_seconds + 120
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            p.kill()  # a worker stuck past its budget (a hung kernel?): keep what it wrote
-            codes.append(p.wait())
-    parts = []
-    for w in range(workers):
-        path = folder / f"w{w}.json"
-        parts.append(json.loads(path.read_text()) if path.exists() else None)
-    merged = _merge(args, device, parts, codes)
+        return subprocess.Popen(cmd, env=env)
+
+    running = {w: spawn(w, args.seconds) for w in range(workers)}
+    codes: dict[int, int] = {}
+    spawned = workers
+    while running:
+        time.sleep(0.5)
+        for w, p in list(running.items()):
+            if time.monotonic() > deadline and p.poll() is None:
+                p.kill()  # stuck past its budget (a hung kernel?): keep what it wrote
+            code = p.poll()
+            if code is None:
+                continue
+            codes[w] = code
+            del running[w]
+            part = _read(folder / f"w{w}.json")
+            left = end - time.monotonic()
+            if part and part.get("cuda_lost") and left > 30:
+                running[spawned] = spawn(spawned, left)
+                spawned += 1
+    parts = [_read(folder / f"w{w}.json") for w in range(spawned)]
+    merged = _merge(args, device, parts, [codes.get(w, -1) for w in range(spawned)])
     merged["cache_dir"] = env["FUSER_CACHE_DIR"]
     _write(args.json, merged)
     return merged
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _merge(
@@ -164,6 +185,7 @@ def _merge(
     out: dict[str, Any] = {**_header(args, device), "workers": len(parts)}
     out["worker_exit_codes"] = codes
     out["lost_workers"] = [i for i, p in enumerate(parts) if p is None]
+    out["cuda_lost_workers"] = [i for i, p in enumerate(parts) if p and p.get("cuda_lost")]
     for key in ("fusions", "shrink_runs", "invalid", "fallback_segments", "mismatches", "errors"):
         out[key] = sum(p[key] for p in parts if p)
     for key in ("batches", "failures", "invalid_examples"):
@@ -222,16 +244,20 @@ def main(argv: list[str] | None = None) -> int:
     # Triton's interpreter runs numpy on masked-off lanes too: log(0), 1/0 warnings
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     device = _device(args.device)
+    scratch = Path(tempfile.mkdtemp(prefix="fuser_fuzz_"))  # removed at the end
     if "FUSER_CACHE_DIR" not in os.environ:  # keep the user's cache clean
-        config.cache_dir = Path(tempfile.mkdtemp(prefix="fuser_fuzz_cache_"))
+        config.cache_dir = scratch / "cache"
     if args.workers == "auto":
         workers = min(8, max(1, (os.cpu_count() or 2) // 2)) if device.startswith("cuda") else 1
     else:
         workers = int(args.workers)
-    if workers > 1 and args.replay is None:
-        report = _parallel(args, device, workers)
-    else:
-        report = _single(args, device)
+    try:
+        if workers > 1 and args.replay is None:
+            report = _parallel(args, device, workers, scratch)
+        else:
+            report = _single(args, device)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     if not args.quiet:
         _print(report)
     if report["mismatches"] or report["errors"]:

@@ -73,6 +73,7 @@ class Stats:
     fallback_segments: int = 0
     failures: list[Failure] = field(default_factory=list)
     known: Counter = field(default_factory=Counter)  # failures of known, xfailed bugs
+    cuda_lost: bool = False  # a kernel faulted; the worker stopped there
     invalid_examples: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -104,6 +105,8 @@ def run_batch(
     count = {"generate": 0, "shrink": 0}
 
     def check(case: FuzzCase) -> None:
+        if stats.cuda_lost:
+            return  # nothing that runs on this GPU means anything any more
         now = time.monotonic()
         shrinking = found["at"] is not None
         if (not shrinking and now > stop_at) or (shrinking and now > found["at"] + shrink_seconds):
@@ -118,6 +121,14 @@ def run_batch(
         if not shrinking:
             stats.kinds.update(out.kinds)
             stats.fallback_segments += out.fallbacks
+        if out.status == "error" and device.startswith("cuda") and _cuda_broken():
+            # a kernel faulted: every later case would fail too, so shrinking would only
+            # make a misleading repro; keep this case as it is and stop
+            stats.cuda_lost = True
+            out.problems.append("the CUDA context is lost (a kernel faulted?): not shrunk")
+            found["at"] = found["at"] or now
+            found["case"], found["outcome"] = case, out
+            return
         if out.status in ("mismatch", "error"):
             known = known_issue("\n".join(out.problems), case)
             if known is not None:
@@ -201,7 +212,8 @@ def run_for(
         stats.seconds = time.monotonic() - start
         if on_batch:
             on_batch(stats)
-        if device.startswith("cuda") and _cuda_broken():
+        if stats.cuda_lost or device.startswith("cuda") and _cuda_broken():
+            stats.cuda_lost = True
             break  # a kernel faulted: the context is gone, later results mean nothing
     stats.seconds = time.monotonic() - start
     return stats
