@@ -23,7 +23,7 @@ from fuser import FusionDefinition
 from fuser.config import config, use_interpreter
 from fuser.fuzz import __main__ as fuzz_cli
 from fuser.fuzz.case import FuzzCase, InputSpec, Ref, Step, build, make_input, repro, with_layout
-from fuser.fuzz.check import compare, compare_output, gpu_faithful_interpreter
+from fuser.fuzz.check import compare, compare_output, gpu_faithful_interpreter, reference
 from fuser.fuzz.generator import CPU, GPU, fuzz_cases
 from fuser.fuzz.known import KNOWN, known_issue
 from fuser.fuzz.runner import check_case
@@ -143,6 +143,29 @@ def test_compare_sees_wrong_answers() -> None:
     flipped[3, 3] = ~flipped[3, 3]
     assert compare_output(0, flipped, flags, flags, [flags], 1)
     assert compare_output(0, eager, eager, ref64, [ref64], n) is None
+
+
+def test_perturbed_references_keep_special_values() -> None:
+    """The perturbed float64 runs move finite values only: an inf stays inf (inf - inf
+    would make a NaN there look legitimate), a NaN stays NaN."""
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.log(fd.ops.abs(x)))
+        fd.add_output(fd.ops.sum(x, dims=[1]))
+
+    x = randn(2, 5)
+    x[0, 1], x[1, 2] = math.inf, math.nan
+    fd = define(build_fn)
+    graph = fd.bind([x])
+    truth = reference(graph, [x], upcast=True)
+    for seed, sign in ((0, 1.0), (1, -1.0), (2, None)):
+        moved = reference(graph, [x], seed=seed, sign=sign)
+        for m, t in zip(moved, truth):
+            assert torch.equal(m.isnan(), t.isnan()) and torch.equal(m.isinf(), t.isinf())
+            finite = t.isfinite()
+            assert ((m - t).abs()[finite] <= 1e-4 * (t.abs()[finite] + 1)).all()
+            assert (m != t)[finite].any(), "finite values do move"
 
 
 @pytest.mark.parametrize(

@@ -72,12 +72,20 @@ def _perturbable(node: Node) -> bool:
     return node.op not in (Op.CONST, Op.IOTA, Op.CAST, Op.BROADCAST_IN_DIM)
 
 
-def _moved(t: torch.Tensor, rel: float, sign: float | None, g: torch.Generator) -> torch.Tensor:
-    """`t` * (1 +- rel): one sign for all (`sign`), or a random sign per element."""
+# ops whose GPU versions may err by an amount absolute rather than relative to the
+# result (log(1 + tiny) from an approximate log2; sin/cos near their zeros)
+ABSOLUTE_ERROR = frozenset({Op.LOG, Op.LOG2, Op.LOG1P, Op.SIN, Op.COS, Op.ERF})
+
+
+def _moved(
+    t: torch.Tensor, rel: float, sign: float | None, g: torch.Generator, floor: float = 0.0
+) -> torch.Tensor:
+    """`t` +- rel * (|t| + floor): one sign for all (`sign`), or a random sign each."""
     if sign is None:
         s = torch.randint(0, 2, t.shape, generator=g).to(t.device) * 2.0 - 1.0
-        return t * (1.0 + s * rel)
-    return t * (1.0 + sign * rel)
+    else:
+        s = torch.full_like(t, sign)
+    return torch.where(t.isfinite(), t + s * rel * (t.abs() + floor), t)  # inf stays inf
 
 
 def _eval(node: Node, args: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -132,7 +140,9 @@ def reference(
             for i, (o, v) in enumerate(zip(outs, node.outputs)):
                 ulps = PERTURB_ULPS.get(v.dtype.torch)
                 if ulps is not None and o.is_floating_point():
-                    outs[i] = _moved(o, ulps * torch.finfo(v.dtype.torch).eps, sign, g)
+                    rel = ulps * torch.finfo(v.dtype.torch).eps
+                    floor = 1.0 if node.op in ABSOLUTE_ERROR else 0.0
+                    outs[i] = _moved(o, rel, sign, g, floor)
         for v, o in zip(node.outputs, outs):
             env[v.id] = o
     outs = [env[v.id] for v in graph.outputs]
