@@ -285,11 +285,6 @@ def test_softmax_over_a_middle_dim() -> None:
 
 
 # -- bugs the fuzzer found, open (their fixes are in fuser/codegen or fuser/schedulers) -----
-@pytest.mark.xfail(
-    strict=True,
-    reason="templates.py renders relu as tl.where(x > 0, x, 0): NaN > 0 is False, so relu(NaN) "
-    "is 0 where torch.relu gives NaN; fix: tl.where(x < 0, 0, x)",
-)
 def test_relu_propagates_nan() -> None:
     fd = define(lambda fd: fd.add_output(fd.ops.relu(fd.define_tensor([-1, -1]))))
     x = randn(2, 33)
@@ -312,12 +307,6 @@ def test_div_of_float32_by_float16() -> None:
     assert_agrees(define(build_fn), [randn(3, 5), y])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="templates.py's tanh helper is sign(x) * (1 - e) / (1 + e), e = exp(-2|x|): 1 - e "
-    "cancels for small |x| (relative error ~6e-8 / |x|: 3e-5 at 1e-3, so tanh(x) > x at "
-    "some x > 0); fix: x * (1 - x*x * (1/3 - x*x * 2/15)) where |x| < 0.0625",
-)
 def test_tanh_of_small_values() -> None:
     def build_fn(fd: FusionDefinition) -> None:
         x = fd.define_tensor([-1])
@@ -332,12 +321,6 @@ def test_tanh_of_small_values() -> None:
     assert not above.any()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="templates.py pow_ computes exp2(b * log2|a|): pow(1, inf) is exp2(inf * 0) = "
-    "NaN where torch (IEEE pow) gives 1; fix: tl.where((a == 1.0) | (b == 0), 1.0, r) "
-    "(and 1 for a == -1 with an infinite b)",
-)
 def test_pow_one_to_the_inf() -> None:
     def build_fn(fd: FusionDefinition) -> None:
         fd.add_output(fd.ops.pow(fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])))
@@ -347,12 +330,6 @@ def test_pow_one_to_the_inf() -> None:
     assert_agrees(define(build_fn), [base, exponent])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="heuristics.schedule_inner takes max(itemsize) over the kernel's non-output FULL "
-    "args; a kernel whose full tiles all come from a broadcast column has none (ValueError: "
-    "max() arg is an empty sequence); fix: max(..., default=the widest input's itemsize)",
-)
 def test_softmax_of_a_broadcast_column() -> None:
     def build_fn(fd: FusionDefinition) -> None:
         x = fd.define_tensor([-1, -1])

@@ -51,11 +51,6 @@ def _mixes_half_dtypes(case: FuzzCase) -> bool:
 
 KNOWN: tuple[Known, ...] = (
     Known(
-        "relu-drops-nan",
-        "tests/test_fuzz.py::test_relu_propagates_nan",
-        lambda msg, case: _has(case, "relu") and ("NaN" in msg or _nan_source(case)),
-    ),
-    Known(
         "mixed-dtype-float-math",
         "tests/test_fuzz.py::test_div_of_float32_by_float16",
         lambda msg, case: "Expected dtype" in msg and "but got" in msg,
@@ -64,27 +59,6 @@ KNOWN: tuple[Known, ...] = (
         "float16-with-bfloat16",
         "tests/test_fuzz.py::test_add_float16_bfloat16",
         lambda msg, case: msg.startswith("output") and _mixes_half_dtypes(case),
-    ),
-    Known(
-        "tanh-near-zero",
-        "tests/test_fuzz.py::test_tanh_of_small_values",
-        lambda msg, case: (
-            msg.startswith("output")
-            and (
-                _has(case, "tanh")
-                or any(dict(s.kwargs).get("approximate") == "tanh" for s in case.steps)
-            )
-        ),
-    ),
-    Known(
-        "pow-of-one-to-inf",
-        "tests/test_fuzz.py::test_pow_one_to_the_inf",
-        lambda msg, case: "NaN pattern" in msg and any(s.op == "pow" for s in case.steps),
-    ),
-    Known(
-        "kernel-without-full-input",
-        "tests/test_fuzz.py::test_softmax_of_a_broadcast_column",
-        lambda msg, case: "max() arg is an empty sequence" in msg and "schedule_inner" in msg,
     ),
     Known(
         "outer-reduction-skips-scalar-nodes",

@@ -249,7 +249,11 @@ PREFETCH_CHOSEN = ("triton",)
 def schedule_inner(spec: KernelSpec, dev: Device, backend: str = "triton") -> Schedule:
     reasons: list[str] = []
     v = vector_width(spec, reasons)
-    itemsize = max(a.dtype.itemsize for a in spec.full_args() if not a.is_output)
+    # full tiles may all come from broadcasts (no FULL input): then the widest input
+    itemsize = max(
+        (a.dtype.itemsize for a in spec.full_args() if not a.is_output),
+        default=max((a.dtype.itemsize for a in spec.inputs), default=4),
+    )
     # the widest vector, and half of it where that makes the split exact
     scored = []
     for vv in sorted({v, max(v // 2, 1)}, reverse=True):

@@ -149,7 +149,7 @@ UNARY: dict[Op, E] = {
     Op.ERF: _fn("erf"),
     Op.SIGMOID: lambda x, ct: f"({_one(ct)} / ({_one(ct)} + {_fn('exp')(f'-{x}', ct)}))",
     # as the Triton table: where(x > 0, x, 0)
-    Op.RELU: lambda x, ct: f"({x} > 0 ? {x} : ({ct})0)",
+    Op.RELU: lambda x, ct: f"({x} < 0 ? ({ct})0 : {x})",  # NaN stays NaN, as torch.relu
     Op.SIN: _fn("sin"),
     Op.COS: _fn("cos"),
     Op.FLOOR: _fn("floor"),

@@ -34,7 +34,7 @@ UNARY: dict[Op, E] = {
     Op.TANH: lambda x: f"tanh({x})",
     Op.ERF: lambda x: f"tl.erf({x})",
     Op.SIGMOID: lambda x: f"tl.sigmoid({x})",
-    Op.RELU: lambda x: f"tl.where({x} > 0, {x}, 0)",
+    Op.RELU: lambda x: f"tl.where({x} < 0, 0, {x})",  # NaN stays NaN, as torch.relu
     Op.SIN: lambda x: f"tl.sin({x})",
     Op.COS: lambda x: f"tl.cos({x})",
     Op.FLOOR: lambda x: f"tl.floor({x})",
@@ -81,7 +81,10 @@ def tanh(x):
     # tanh(x) = sign(x) * (1 - e) / (1 + e), e = exp(-2|x|): no overflow for large |x|
     e = tl.exp(-2.0 * tl.abs(x))
     t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
+    # near 0, 1 - e cancels: the series x (1 - x^2/3 + 2x^4/15) is exact to fp32 there
+    x2 = x * x
+    small = x * (1.0 - x2 * (0.3333333333333333 - x2 * 0.13333333333333333))
+    return tl.where(tl.abs(x) < 0.0625, small, tl.where(x < 0, -t, t))
 """,
     "log1p": """@triton.jit
 def log1p(x):
@@ -104,7 +107,9 @@ def pow_(a, b):
     odd = integral & (tl.floor(b * 0.5) * 2.0 != b)
     signed = tl.where((a < 0) & odd, -mag, mag)
     r = tl.where((a < 0) & (integral == 0), NAN, signed)
-    return tl.where(b == 0, 1.0, r)
+    # IEEE pow: 1**b = 1 for any b (NaN too), (-1)**(+-inf) = 1, a**0 = 1
+    one = (a == 1.0) | (b == 0) | ((a == -1.0) & (tl.abs(b) == POS_INF))
+    return tl.where(one, 1.0, r)
 """,
 }
 
