@@ -777,3 +777,19 @@ def test_prefetching_row_loop(programs: int, cols: int) -> None:
     (ref,) = fd.reference(inputs)
     atol, rtol = tol(torch.float16, cols)
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+def test_nan_constant_is_not_a_global() -> None:
+    """Triton re-checks global constexprs with != before each JIT launch and NaN != NaN:
+    a NAN global failed every second compile of such a kernel on the GPU (fuzz soak)."""
+    fd = define(
+        lambda fd: fd.add_output(
+            fd.ops.where(fd.ops.gt(x := fd.define_tensor([-1, -1]), 0.0), float("nan"), x)
+        )
+    )
+    x = randn(3, 37)
+    for _ in range(2):
+        (out,) = fd.execute([x])
+        torch.testing.assert_close(out, torch.where(x > 0, float("nan"), x), equal_nan=True)
+    src = fd.kernels[0].source
+    assert "NAN = " not in src and "nan_()" in src

@@ -28,7 +28,10 @@ from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import Arg, KernelSpec
 from fuser.segmenter import Kind
 
-CONSTANTS = {"NEG_INF": 'float("-inf")', "POS_INF": 'float("inf")', "NAN": 'float("nan")'}
+# NaN is not a module constant: Triton re-checks a kernel's global constexprs with !=
+# before each JIT launch, and NaN != NaN ("Global variable NAN has changed"; the H100
+# fuzz soak hit it 69 times). The nan_() helper builds it from its bits instead.
+CONSTANTS = {"NEG_INF": 'float("-inf")', "POS_INF": 'float("inf")'}
 
 
 def _literal(value: object, dtype: DType) -> str:
@@ -37,7 +40,7 @@ def _literal(value: object, dtype: DType) -> str:
     if dtype.is_float:
         v = float(value)
         if math.isnan(v):
-            return "NAN"
+            return "nan_()"
         if math.isinf(v):
             return "POS_INF" if v > 0 else "NEG_INF"
         return repr(v)
@@ -255,7 +258,10 @@ def render_triton(spec: KernelSpec, schedule: Schedule) -> str:
     for name, value in CONSTANTS.items():
         top.line(f"{name} = tl.constexpr({value})")
     top.line()
-    for h in sorted(kw.helpers):
+    helpers = set(kw.helpers)
+    for h in list(helpers):  # helpers that call helpers
+        helpers.update(helper_names(HELPERS[h].split("\n", 2)[2]))
+    for h in sorted(helpers):
         top.lines += HELPERS[h].splitlines()
         top.line()
     return top.text() + "\n" + body

@@ -91,6 +91,11 @@ def log1p(x):
     # log(1 + x) loses x's low bits for tiny x; the series is exact to fp32 there
     return tl.where(tl.abs(x) < 1e-4, x * (1.0 - 0.5 * x), tl.log(1.0 + x))
 """,
+    "nan_": """@triton.jit
+def nan_():
+    # a quiet NaN from its bits (see render.CONSTANTS for why not a global)
+    return tl.cast(0x7FC00000, tl.float32, bitcast=True)
+""",
     "max_nan": """@triton.jit
 def max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
@@ -106,7 +111,7 @@ def pow_(a, b):
     integral = tl.floor(b) == b
     odd = integral & (tl.floor(b * 0.5) * 2.0 != b)
     signed = tl.where((a < 0) & odd, -mag, mag)
-    r = tl.where((a < 0) & (integral == 0), NAN, signed)
+    r = tl.where((a < 0) & (integral == 0), nan_(), signed)
     # IEEE pow: 1**b = 1 for any b (NaN too), (-1)**(+-inf) = 1, a**0 = 1
     one = (a == 1.0) | (b == 0) | ((a == -1.0) & (tl.abs(b) == POS_INF))
     return tl.where(one, 1.0, r)
