@@ -37,6 +37,7 @@ class Options:
     sweep_ops: list[str] = field(default_factory=lambda: ["ln_fused"])
     jobs: int = 8
     quick: bool = False
+    flush: str = "read"  # how the L2 is flushed between timed repeats (measure._flush_l2)
     smoke: bool = False  # CPU, interpreter: correctness only
     resources: bool = True
 
@@ -109,7 +110,9 @@ def run_case(case: Case, opts: Options, ceiling: float, info: dict, emit: Callab
                 continue
             try:
                 wrong = mismatch(case, fn(inputs), ref) if name != "eager" else None
-                record(name, bench_ms(lambda fn=fn: fn(inputs), opts.quick), error=wrong)
+                record(
+                    name, bench_ms(lambda fn=fn: fn(inputs), opts.quick, opts.flush), error=wrong
+                )
             except Exception as e:  # a baseline that cannot run is reported, not fatal
                 record(name, None, error=f"{type(e).__name__}: {str(e)[:200]}")
     for backend in opts.backends:
@@ -140,7 +143,7 @@ def run_case(case: Case, opts: Options, ceiling: float, info: dict, emit: Callab
         else:
             call = partial(case.fuser, inputs, backend)
             extra["host_us"] = host_overhead_us(call, n=300)
-            record(impl, bench_ms(call, opts.quick), **extra)
+            record(impl, bench_ms(call, opts.quick, opts.flush), **extra)
         if wrong is None and opts.sweep and case.op in opts.sweep_ops:
             sweep_case(case, opts, backend, inputs, ref, record)
 
@@ -184,7 +187,11 @@ def sweep_case(case: Case, opts: Options, backend: str, inputs, ref, record) -> 
         try:
             p.run(inputs)
             wrong = mismatch(case, p.run(inputs), ref)
-            ms = None if wrong or opts.smoke else bench_ms(lambda p=p: p.run(inputs), True)
+            ms = (
+                None
+                if wrong or opts.smoke
+                else bench_ms(lambda p=p: p.run(inputs), True, opts.flush)
+            )
         except Exception as e:
             wrong, ms = f"{type(e).__name__}: {str(e)[:200]}", None
         record(
@@ -200,7 +207,7 @@ def sweep_case(case: Case, opts: Options, backend: str, inputs, ref, record) -> 
 
 
 def run(opts: Options, emit: Callable[[dict], None]) -> None:
-    info = meta()
+    info = {**meta(), "flush": opts.flush}
     os.environ.setdefault("FUSER_CACHE_DIR", os.path.expanduser("~/.cache/fuser-bench"))
     ceiling = None if opts.smoke else copy_gbps()
     if ceiling:

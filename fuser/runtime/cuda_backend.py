@@ -22,7 +22,8 @@ from typing import Any
 from fuser.errors import CompileError, FuserError
 from fuser.runtime.cache import digest, load_entry, store_entry
 
-# "auto" uses cuda.core where it imports, else cuda.bindings; tests may force either
+# "auto" and "bindings" launch through a prepared cuda.bindings driver call (fast);
+# "core" through cuda.core's general launch (tests compare the two)
 LAUNCHER = "auto"
 COMPILER = "auto"
 # CPU tensors run through the g++ emulator (fuser/codegen/cuda/emulate.py) when set;
@@ -215,20 +216,10 @@ class _TorchStream:
         return (0, self.handle)
 
 
-_core_failed: list[str] = []  # why cuda.core could not launch here (then bindings do)
-
-
 def _use_core() -> bool:
-    if LAUNCHER == "bindings" or (LAUNCHER == "auto" and _core_failed):
-        return False
-    try:
-        from cuda.core import Device, LaunchConfig, ObjectCode, launch  # noqa: F401
-
-        return True
-    except ImportError:
-        if LAUNCHER == "core":
-            raise
-        return False
+    """Whether to launch through cuda.core: only when asked (LAUNCHER="core"); "auto"
+    and "bindings" take the prepared driver-API path (cuda.bindings ships with cuda.core)."""
+    return LAUNCHER == "core"
 
 
 def _function(cubin: bytes, key: str, name: str, device_index: int, core: bool) -> Any:
@@ -282,64 +273,116 @@ def _load_bindings(cubin: bytes, name: str) -> Any:
 
 
 def _launch(fn: Any, core: bool, grid: tuple[int, ...], block: int, args: list[int]) -> None:
+    """One launch through cuda.core (the slow, general path; LAUNCHER="core")."""
     import torch
 
     handle = torch.cuda.current_stream().cuda_stream
     grid3 = (*grid, 1, 1)[:3]
-    if core:
-        from cuda.core import LaunchConfig, launch
+    from cuda.core import Device, LaunchConfig, launch
 
-        stream = _streams.get(handle)
-        if stream is None:
-            from cuda.core import Device
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = Device().create_stream(_TorchStream(handle))
+        _streams[handle] = stream
+    launch(stream, LaunchConfig(grid=grid3, block=(block, 1, 1)), fn, *args)
 
-            stream = Device().create_stream(_TorchStream(handle))
-            _streams[handle] = stream
-        launch(stream, LaunchConfig(grid=grid3, block=(block, 1, 1)), fn, *args)
-        return
-    import ctypes
 
-    from cuda.bindings import driver
+class _Launcher:
+    """A kernel's launches on one device, prepared once: the driver function handles,
+    the grids, and a parameter block whose pointer slots each call overwrites.
 
-    values = [ctypes.c_void_p(a) for a in args]
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    _driver_check(
-        driver.cuLaunchKernel(fn[1], *grid3, block, 1, 1, 0, handle, ctypes.addressof(params), 0),
-        "cuLaunchKernel",
-    )
+    cuLaunchKernel copies the parameters when it is called, so one block per kernel is
+    enough; the lock keeps two threads from writing it at once. A cached call then costs
+    a few microseconds of Python instead of cuda.core's general argument handling.
+    """
+
+    def __init__(self, launches: list[tuple[Any, tuple[int, int, int], int]], nargs: int):
+        import ctypes
+
+        self.launches = launches
+        self.values = (ctypes.c_void_p * nargs)()
+        base, width = ctypes.addressof(self.values), ctypes.sizeof(ctypes.c_void_p)
+        self.params = (ctypes.c_void_p * nargs)(*[base + i * width for i in range(nargs)])
+        self.params_at = ctypes.addressof(self.params)
+        self.lock = threading.Lock()
+
+    def __call__(self, pointers: list[int], stream: int) -> None:
+        from cuda.bindings.driver import CUresult, cuLaunchKernel
+
+        with self.lock:
+            self.values[:] = pointers
+            for fn, (gx, gy, gz), block in self.launches:
+                (err,) = cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, 0, stream, self.params_at, 0)
+                if err != CUresult.CUDA_SUCCESS:
+                    raise FuserError(f"CUDA driver call cuLaunchKernel failed: {err!r}")
+
+
+def _launcher(kernel: Any, index: int, nargs: int) -> _Launcher:
+    """The prepared launcher of `kernel` on device `index` (built on first use)."""
+    from fuser.codegen.cuda.kernels import finalize_threads
+
+    cache = kernel._cuda_launchers
+    got = cache.get(index)
+    if got is not None:
+        return got
+    s = kernel.schedule
+    arch = device_arch(index)
+    cubin = compile_cubin(kernel.source, kernel.name, arch, s.max_registers)
+    key = digest(kernel.source, arch)
+    plan = [(kernel.name, s.grid, s.threads)]
+    if kernel.workspaces:
+        plan.append((kernel.name + "_finalize", (s.grid[0],), finalize_threads(s)))
+    launches = [
+        (_function(cubin, key, name, index, False)[1], (*grid, 1, 1)[:3], threads)
+        for name, grid, threads in plan
+    ]
+    cache[index] = got = _Launcher(launches, nargs)
+    return got
 
 
 def launch_cuda(kernel: Any, tensors: list[Any]) -> None:
     """Run `kernel` on `tensors` (its spec's args, in order) on torch's current stream."""
     import torch
 
-    from fuser.codegen.cuda.kernels import finalize_threads
-
     if EMULATE_ON_CPU and all(t.device.type == "cpu" for t in tensors):
         from fuser.codegen.cuda.emulate import emulate
 
         emulate(kernel, tensors)
         return
-    device = _require_gpu(tensors)
+    device = tensors[0].device if tensors else None
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
+        device = _require_gpu(tensors)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    work = kernel._workspace_tensors(device)
+    pointers = [t.data_ptr() for t in tensors]
+    if work:
+        pointers += [t.data_ptr() for t in work]
+    if _use_core():
+        _launch_core(kernel, index, pointers)
+        return
+    launcher = _launcher(kernel, index, len(pointers))
+    stream = torch._C._cuda_getCurrentRawStream(index)
+    if index == torch.cuda.current_device():
+        launcher(pointers, stream)
+    else:
+        with torch.cuda.device(index):  # the function handles belong to index's context
+            launcher(pointers, stream)
+
+
+def _launch_core(kernel: Any, index: int, pointers: list[int]) -> None:
+    """Launch through cuda.core (LAUNCHER="core"): the general path, kept to check the
+    fast one against."""
+    import torch
+
+    from fuser.codegen.cuda.kernels import finalize_threads
+
     s = kernel.schedule
-    arch = device_arch(device)
+    arch = device_arch(index)
     cubin = compile_cubin(kernel.source, kernel.name, arch, s.max_registers)
     key = digest(kernel.source, arch)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    launches = [(kernel.name, s.grid, s.threads)]
+    if kernel.workspaces:
+        launches.append((kernel.name + "_finalize", (s.grid[0],), finalize_threads(s)))
     with torch.cuda.device(index):
-        work = kernel._workspace_tensors(device)
-        args = [t.data_ptr() for t in [*tensors, *work]]
-        launches = [(kernel.name, s.grid, s.threads)]
-        if work:
-            launches.append((kernel.name + "_finalize", (s.grid[0],), finalize_threads(s)))
         for name, grid, threads in launches:
-            core = _use_core()
-            try:
-                _launch(_function(cubin, key, name, index, core), core, grid, threads, args)
-            except (TypeError, AttributeError) as e:
-                # a cuda.core whose API differs from the one written against: note it and
-                # launch through the driver bindings from now on
-                if not core or LAUNCHER != "auto":
-                    raise
-                _core_failed.append(f"{type(e).__name__}: {e}")
-                _launch(_function(cubin, key, name, index, False), False, grid, threads, args)
+            _launch(_function(cubin, key, name, index, True), True, grid, threads, pointers)

@@ -70,14 +70,47 @@ class CompiledFusion:
         final = self.pipeline.final
         self._input_ids = [v.id for v in final.inputs]
         self._output_ids = [v.id for v in final.outputs]
+        self._direct = self._direct_plan()
+
+    def _direct_plan(self) -> tuple | None:
+        """For the common plan, one kernel and nothing else: (kernel, per kernel argument
+        the input position it comes from or -1 for an output to allocate, with shape and
+        dtype, and each fusion output's argument position). run() then skips the
+        value-id bookkeeping. None for any other plan."""
+        if len(self.segments) != 1 or self.copied:
+            return None
+        kernel = self.kernels.get(self.segments[0].index)
+        if kernel is None:
+            return None
+        position = {vid: i for i, vid in enumerate(self._input_ids)}
+        args, produced = [], {}
+        for i, (is_output, vid, shape, dtype) in enumerate(kernel.arg_plan):
+            if is_output:
+                produced[vid] = i
+                args.append((-1, shape, dtype))
+            elif vid in position:
+                args.append((position[vid], None, None))
+            else:
+                return None
+        if not all(vid in produced for vid in self._output_ids):
+            return None
+        return kernel, tuple(args), tuple(produced[vid] for vid in self._output_ids)
 
     @property
     def graph(self) -> Graph:
         return self.pipeline.final
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        env: dict[int, torch.Tensor] = dict(zip(self._input_ids, inputs))
         dev = inputs[0].device if inputs else torch.device("cpu")
+        if self._direct is not None:
+            kernel, plan, outs = self._direct
+            args = [
+                inputs[src] if src >= 0 else torch.empty(shape, dtype=dtype, device=dev)
+                for src, shape, dtype in plan
+            ]
+            kernel.launch(args)
+            return [args[i] for i in outs]
+        env: dict[int, torch.Tensor] = dict(zip(self._input_ids, inputs))
         copied = self.copied
         for seg in self.segments:
             kernel = self.kernels.get(seg.index)
@@ -222,7 +255,7 @@ def signature(inputs: list[torch.Tensor]) -> tuple:
     """What a plan is specialized to: shapes, strides, dtypes, device (get_device: -1 on
     the CPU; cheaper than t.device) and each pointer's alignment."""
     return tuple(
-        (t.shape, t.stride(), t.dtype, t.get_device(), _ALIGN[t.data_ptr() & 15]) for t in inputs
+        [(t.shape, t.stride(), t.dtype, t.get_device(), _ALIGN[t.data_ptr() & 15]) for t in inputs]
     )
 
 

@@ -20,6 +20,39 @@ def accumulator_dtype(dtype: DType) -> torch.dtype:
     return torch.float32 if dtype.is_float else torch.int64
 
 
+def _raw_stream(index: int) -> int:
+    """torch's current stream on device `index`, as the raw handle launchers take."""
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+_runtime_knobs: Any = None  # triton.knobs.runtime, once Triton has compiled a kernel
+
+
+def _launch_hooked() -> bool:
+    """Whether something (a profiler such as proton) hooked Triton's launches: then they
+    go through Triton's own wrapper, which calls the hooks. Triton 3.6 keeps the hooks in
+    HookChain objects (never None; empty when nothing is hooked), older versions None."""
+    enter, leave = _runtime_knobs.launch_enter_hook, _runtime_knobs.launch_exit_hook
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
+
+
+def _direct_launches(first: Any, grid3: tuple, fin: Any) -> list[tuple] | None:
+    """(launcher, function, packed metadata, grid) of a compiled kernel and its finalize
+    pass: what Triton's own launch wrapper passes to the launcher on every call. None
+    when this Triton's CompiledKernel does not have them (the wrapper is used then)."""
+    global _runtime_knobs
+    try:
+        from triton import knobs
+
+        _runtime_knobs = knobs.runtime
+        out = [(first.run, first.function, first.packed_metadata, grid3)]
+        if fin is not None:
+            out.append((fin.run, fin.function, fin.packed_metadata, (grid3[0], 1, 1)))
+        return out
+    except AttributeError:
+        return None
+
+
 @dataclass
 class Kernel:
     spec: KernelSpec
@@ -30,6 +63,8 @@ class Kernel:
     _resources: dict = field(default_factory=dict, repr=False)
     _compiled: Any = field(default=None, repr=False)
     _finalize: Any = field(default=None, repr=False)
+    _cuda_launchers: dict = field(default_factory=dict, repr=False)  # per device index
+    _fast: Any = field(default=None, repr=False)  # Triton's launcher, called directly
 
     @property
     def name(self) -> str:
@@ -65,6 +100,12 @@ class Kernel:
         if self._compiled is not None:
             # the plan is specific to shapes, strides and alignment, so Triton's compiled
             # kernel for the first launch fits every later one: skip the JIT's re-binding
+            # and, unless a profiler hooked Triton's launches, its launch wrapper too
+            if self._fast is not None and not _launch_hooked():
+                stream = _raw_stream(tensors[0].get_device())
+                for run, function, packed, (gx, gy, gz) in self._fast:
+                    run(gx, gy, gz, stream, function, packed, None, None, None, *args)
+                return
             self._compiled[self._grid3](*args)
             if self._finalize is not None:
                 self._finalize[(self._grid3[0], 1, 1)](*args)
@@ -81,6 +122,7 @@ class Kernel:
             fin = getattr(self._module, self.name + "_finalize")[(s.grid[0],)](*args, num_warps=4)
         if not interp and first is not None:
             self._compiled, self._finalize = first, fin
+            self._fast = _direct_launches(first, self._grid3, fin)
 
     def _workspace_tensors(self, device: torch.device) -> list[torch.Tensor]:
         n = self.schedule.split_rows * self.spec.cols
