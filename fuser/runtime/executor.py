@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -175,8 +175,46 @@ class _Meta:
         return self._ptr
 
 
+# a contiguous pointwise kernel is re-viewed as [total / W, W] for the largest power of
+# two W up to this that divides its element count (see _flat_pointwise)
+FLAT_WIDTH = 4096
+FLAT_MIN_WIDTH = 1024
+
+
+def _flat_pointwise(seg: Segment, args: list[Arg]) -> tuple[Segment, list[Arg]] | None:
+    """A pointwise segment whose tensors are all contiguous and of the full domain does not
+    care where rows end: seen as [total / W, W] its rows are all aligned and W is a power
+    of two, so accesses are 16 bytes wide and tails disappear (16384 x 50257, whose odd
+    rows allow only 2-byte accesses, becomes 201032 x 4096). None when that does not
+    apply: a reduction, a broadcast operand, an iota (it reads the column index), a
+    strided tensor, or no power-of-two width of at least FLAT_MIN_WIDTH that helps."""
+    layout = seg.layout
+    if layout is None or layout.inner or layout.outer or len(layout.domain) < 2:
+        return None
+    if any(n.op.value == "iota" for n in seg.nodes):
+        return None
+    rows, cols = layout.rows, layout.cols
+    for a in args:
+        if a.kind == Kind.SCALAR:
+            continue
+        if a.kind != Kind.FULL or a.col_stride != 1 or (rows > 1 and a.row_stride != cols):
+            return None
+    total = rows * cols
+    width = min(total & -total, FLAT_WIDTH)  # the largest power of two dividing total
+    if width < FLAT_MIN_WIDTH or cols % width == 0:
+        return None
+    flat = replace(layout, domain=(total // width, width))
+    args = [replace(a, row_stride=width, col_stride=1) if a.kind == Kind.FULL else a for a in args]
+    return replace(seg, layout=flat), args
+
+
 def build_specs(
-    graph: Graph, segments: list[Segment], inputs: list[Any], name: str, copied: set[int]
+    graph: Graph,
+    segments: list[Segment],
+    inputs: list[Any],
+    name: str,
+    copied: set[int],
+    notes: list[str] | None = None,
 ) -> dict[int, KernelSpec]:
     facts: dict[int, tuple[Any, int]] = {}
     for v, t in zip(graph.inputs, inputs):
@@ -206,6 +244,15 @@ def build_specs(
                     align = 16
                     copied.add(v.id)
                 args.append(Arg(v, kind, is_out, st[0], st[1], align))
+        flat = _flat_pointwise(seg, args)
+        if flat is not None:
+            if notes is not None:
+                d = flat[0].layout.domain  # type: ignore[union-attr]
+                notes.append(
+                    f"{name}_k{seg.index}: contiguous pointwise {layout.rows} x {layout.cols} "
+                    f"run as {d[0]} x {d[1]} (aligned rows, wider accesses, no tails)"
+                )
+            seg, args = flat
         specs[seg.index] = KernelSpec(f"{name}_k{seg.index}", seg, tuple(args))
     return specs
 
@@ -224,7 +271,7 @@ def plan(
         return CompiledFusion(pipeline, [seg], {}, device, backend, ["empty tensors"])
     segments = segment(final)
     copied: set[int] = set()
-    specs = build_specs(final, segments, inputs, name, copied)
+    specs = build_specs(final, segments, inputs, name, copied, notes)
     kernels = {}
     for idx, spec in specs.items():
         schedule = choose_schedule(spec, device, backend)
