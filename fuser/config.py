@@ -5,6 +5,8 @@ FUSER_DEBUG   0 quiet; 1 one line per compiled fusion; 2 + the explain() report;
 FUSER_BACKEND default backend of fd.execute: "triton" (default) or "cuda"
 FUSER_CACHE_DIR  where compiled kernels are cached on disk (default ~/.cache/fuser)
 FUSER_DISABLE_DISK_CACHE  1 keeps the cache in memory only
+FUSER_PAD_MATMULS  0 leaves torch.compile(backend="fuser") graphs' unaligned matmuls as they
+              are (default 1: pad them, fuser/dynamo/pad_mm.py)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Config:
     backend: str
     cache_dir: Path
     disk_cache: bool
+    pad_matmuls: bool
 
 
 def _read() -> Config:
@@ -28,6 +31,7 @@ def _read() -> Config:
         backend=os.environ.get("FUSER_BACKEND", "triton"),
         cache_dir=Path(os.environ.get("FUSER_CACHE_DIR", Path.home() / ".cache" / "fuser")),
         disk_cache=os.environ.get("FUSER_DISABLE_DISK_CACHE", "0") in ("", "0"),
+        pad_matmuls=os.environ.get("FUSER_PAD_MATMULS", "1") not in ("", "0"),
     )
 
 

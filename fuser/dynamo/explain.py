@@ -77,6 +77,7 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
     ]
     if record.error:
         lines.append(f"  LOWERING FAILED, the graph runs as ATen ops: {record.error}")
+    lines += [f"  matmul {note}" for note in record.matmuls_padded]
     lines += [region_text(r, source, brief) for r in record.regions]
     lines.append(fallbacks_text(record))
     return "\n".join(lines)

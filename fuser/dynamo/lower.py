@@ -19,8 +19,9 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from fuser.config import debug_print
+from fuser.config import config, debug_print
 from fuser.dynamo.context import NotLowerable
+from fuser.dynamo.pad_mm import pad_matmuls
 from fuser.dynamo.partition import form_regions
 from fuser.dynamo.region import (
     FusedRegion,
@@ -57,6 +58,7 @@ class GraphRecord:
     fallbacks: list[Fallback] = field(default_factory=list)
     compile_seconds: float = 0.0
     views_moved: int = 0  # row views taken out from between fusible ops (views.py)
+    matmuls_padded: list[str] = field(default_factory=list)  # pad_mm.py's notes
     error: str = ""  # set when lowering failed and the whole graph runs as ATen ops
     aten_graph: str = ""
     module: fx.GraphModule | None = field(default=None, repr=False)
@@ -277,6 +279,8 @@ def lower_graph(
     record.aten_graph = "\n".join(describe(n) for n in gm.graph.nodes if n.op == "call_function")
     try:
         work = _copy(gm)  # the passes edit the copy; gm stays the ATen fallback
+        if config.pad_matmuls:
+            record.matmuls_padded = pad_matmuls(work)
         record.views_moved = sink_row_views(work.graph)
         planned = _plan_regions(work, record, strict, check)
         new_gm = rewrite(work, planned)

@@ -1,0 +1,86 @@
+"""Unaligned matmuls padded on the FX graph (fuser/dynamo/pad_mm.py): the same numbers as
+eager forward and backward, the notes say what was padded, and a graph that cannot take
+the padded result is left as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fuser
+from fuser.dynamo import FuserBackend, pad_mm
+
+torch.set_default_dtype(torch.float32)
+
+
+@pytest.fixture(autouse=True)
+def _small_thresholds(monkeypatch):
+    monkeypatch.setattr(pad_mm, "MIN_MACS", 0)
+    monkeypatch.setattr(pad_mm, "MIN_PADDED_DIM", 1)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _padded_notes(backend: FuserBackend) -> list[str]:
+    return [n for c in backend.captures for g in c.graphs for n in g.matmuls_padded]
+
+
+def test_lm_head_with_odd_vocabulary_forward_and_backward() -> None:
+    """x @ W.T with W [61, 30] (61 and 30 not multiples of 4 fp32 elements) and a
+    cross-entropy after it: loss and both gradients as in eager."""
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(61, 30, generator=g) * 0.2
+    x0 = torch.randn(2, 37, 30, generator=g)
+    target = torch.randint(0, 61, (2 * 37,), generator=g)
+
+    def step(x, w):
+        logits = x @ w.t()
+        return torch.nn.functional.cross_entropy(logits.view(-1, 61), target), logits
+
+    be = FuserBackend()
+    compiled = torch.compile(step, backend=be)
+    results = []
+    for fn in (step, compiled):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        loss, logits = fn(x, w)
+        loss.backward()
+        results.append((loss.detach(), logits.detach(), x.grad, w.grad))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    notes = _padded_notes(be)
+    assert any("N 61 -> 64" in n for n in notes), notes  # forward: the logits' columns
+    assert any("K 61 -> 64" in n for n in notes), notes  # backward: dx = dlogits @ w
+    assert any("M 61 -> 64" in n for n in notes), notes  # backward: dw = dlogits.T @ x
+    assert "padded" in fuser.explain(be, print_it=False)
+
+
+def test_addmm_bias_is_padded_with_its_columns() -> None:
+    g = torch.Generator().manual_seed(1)
+    lin = torch.nn.Linear(30, 45)
+    x = torch.randn(19, 30, generator=g)
+    be = FuserBackend()
+    got = torch.compile(lambda t: torch.relu(lin(t)), backend=be)(x)
+    torch.testing.assert_close(got, torch.relu(lin(x)), atol=1e-5, rtol=1e-5)
+    assert any("N 45 -> 48" in n for n in _padded_notes(be))
+
+
+def test_disabled_by_config(monkeypatch) -> None:
+    from fuser.config import config
+
+    monkeypatch.setattr(config, "pad_matmuls", False)
+    w = torch.randn(61, 30)
+    be = FuserBackend()
+    x = torch.randn(5, 30)
+    got = torch.compile(lambda t: torch.tanh(t @ w.t()), backend=be)(x)
+    torch.testing.assert_close(got, torch.tanh(x @ w.t()), atol=1e-5, rtol=1e-5)
+    assert not _padded_notes(be)
+
+
+def test_aligned_and_small_matmuls_are_left_alone(monkeypatch) -> None:
+    monkeypatch.setattr(pad_mm, "MIN_MACS", 10**9)
+    w = torch.randn(61, 30)
+    be = FuserBackend()
+    x = torch.randn(5, 30)
+    torch.compile(lambda t: torch.tanh(t @ w.t()), backend=be)(x)
+    assert not _padded_notes(be)
