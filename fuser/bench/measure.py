@@ -106,15 +106,19 @@ def mismatch(case: Case, got: Tensors, ref: Tensors) -> str | None:
 
 
 def host_overhead_us(fn: Callable[[], object], n: int = 2000) -> float:
-    """Python time of one call, on the host: the GPU is not waited for in the loop."""
+    """Python time of one call on the host, median over `n` calls. Each call starts with
+    the GPU idle and is timed until it returns, before its kernels finish: a loop of
+    calls without waiting would, once the launch queue is full, time the GPU instead."""
     fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
         fn()
-    t1 = time.perf_counter()
+        times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+    times.sort()
+    return times[len(times) // 2] * 1e6
 
 
 def first_call_s(fn: Callable[[], object]) -> float:
