@@ -6,7 +6,11 @@ import math
 from dataclasses import replace
 
 from fuser.schedulers.device import Device
-from fuser.schedulers.registers import estimate_registers, working_registers
+from fuser.schedulers.registers import (
+    estimate_registers,
+    looped_extra_registers,
+    working_registers,
+)
 from fuser.schedulers.schedule import Estimate, Schedule
 from fuser.schedulers.spec import KernelSpec
 
@@ -318,11 +322,15 @@ def schedule_looped(
     tpr = warps * 32
     if unroll is None:
         unroll = 2 if spec.cols >= 2 * tpr * v else 1
+    plan = spec.looped_plan
     reasons.append(
         f"looped: {spec.cols} columns do not fit in registers at {spec.crossing_words():.1f} "
-        f"words/element; {spec.rounds} pass(es) over the row, {tpr * v * unroll} elements "
-        "per iteration"
+        f"words/element; {len(plan.passes)} pass(es) over the row, {tpr * v * unroll} "
+        "elements per iteration"
     )
+    online = plan.reason(spec)
+    if online:
+        reasons.append(online)
     s = Schedule(
         "inner_looped",
         spec.rows,
@@ -335,6 +343,7 @@ def schedule_looped(
         index_bits=index_bits(spec),
     )
     regs, _ = estimate_registers(spec, v * unroll, unroll, warps, persistent=False)
+    regs = min(regs + looped_extra_registers(spec, v * unroll), 255)
     return _with(s, _estimate(spec, dev, s, regs, 0, spec.cols), reasons)
 
 
@@ -407,8 +416,12 @@ def candidate_schedules(spec: KernelSpec, dev: Device, backend: str = "triton") 
                 if c[1] == 1 and spec.rows > 2 * dev.sms and backend in PREFETCH_BACKENDS:
                     out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"], True))
             if spec.cols > 2048 or not out:
+                # narrow accesses (an odd row stride forces vector 1 at 50257) keep few
+                # bytes in flight per thread: the sweep also tries 8 of them per iteration
+                widest = max((a.dtype.itemsize for a in spec.full_args()), default=4)
+                unrolls = (1, 2, 4) + ((8,) if v * widest < 16 else ())
                 for warps in (4, 8, 16):
-                    for unroll in (1, 2, 4):
+                    for unroll in unrolls:
                         if warps * 32 * v * unroll <= 2 * pow2_ceil(spec.cols):
                             out.append(schedule_looped(spec, dev, v, [], warps, unroll))
     else:

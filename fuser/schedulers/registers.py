@@ -38,6 +38,44 @@ def working_registers(spec: KernelSpec, elements_per_thread: int) -> int:
     return math.ceil(elements_per_thread * max(words, 1.0))
 
 
+# A Triton looped kernel keeps each reduction's accumulator as a tile as wide as the
+# iteration: one register per element of the thread's share, per accumulator. The base
+# estimate covers one; ptxas spent ~3/4 register per element for each further one
+# (online softmax bf16 128256 v8 x2: 2 accumulators, 63; cross-entropy 3, 79) and ~1/2
+# per element for an int64 row (the iota of class indices: cross-entropy fp32 v4 x2, 64).
+LOOPED_EXTRA_ACCUMULATOR = 0.75
+LOOPED_INT64_ROW = 0.5
+
+
+def _int64_row(spec: KernelSpec) -> bool:
+    """True when an int64 value of the whole row is computed (an iota of class indices)."""
+    from fuser.ir.dtypes import DType
+    from fuser.segmenter import Kind
+
+    return any(
+        spec.kinds.get(n.out.id) == Kind.FULL and n.out.dtype == DType.int64 for n in spec.nodes
+    )
+
+
+def looped_accumulators(spec: KernelSpec) -> int:
+    """Accumulators live at once in a looped kernel: the most of any pass over the row
+    (an online max-and-sum pass holds the plain reductions, the maxes and the sums)."""
+    plan = spec.looped_plan
+    most = 1
+    for rounds in plan.passes:
+        pairs = plan.pairs_in(rounds, spec)
+        maxes = {id(p.max) for p in pairs}
+        most = max(most, len(plan.reductions(rounds, spec)) + len(maxes) + len(pairs))
+    return most
+
+
+def looped_extra_registers(spec: KernelSpec, elements_per_thread: int) -> int:
+    """Registers of a Triton looped kernel beyond estimate_registers' (one accumulator)."""
+    extra = LOOPED_EXTRA_ACCUMULATOR * (looped_accumulators(spec) - 1)
+    extra += LOOPED_INT64_ROW if _int64_row(spec) else 0.0
+    return math.ceil(elements_per_thread * extra)
+
+
 def estimate_registers(
     spec: KernelSpec, elements_per_thread: int, chunks: int, warps: int, persistent: bool
 ) -> tuple[int, int]:
@@ -63,6 +101,10 @@ CUDA_ONE_WARP_SLACK = 8
 CUDA_PREFETCH_PER_WORD = 2
 # Looped: ~22 plus the input words of one iteration (v x unroll elements per thread).
 CUDA_LOOPED_BASE = 22
+# ...plus ~3 per element of the iteration where the row holds int64 values (an iota of
+# class indices compared with a target: cross-entropy at 50257 v1 +9, 128256 fp32 v4 x2
+# +18, bf16 v8 x2 +47 over the base; measured with the online max-and-sum pass).
+CUDA_LOOPED_PER_INT64_ELEMENT = 3
 # Column reduction: ~12 plus one accumulator per column per reduction plus the input
 # words of the rows in flight.
 CUDA_OUTER_BASE = 12
@@ -105,6 +147,8 @@ def cuda_registers(spec: KernelSpec, schedule) -> int:  # noqa: ANN001
     elif s.kind == "inner_looped":
         per_thread = s.vector * s.unroll
         regs = CUDA_LOOPED_BASE + math.ceil(per_thread * _words(spec, (Kind.FULL,)))
+        if _int64_row(spec):
+            regs += CUDA_LOOPED_PER_INT64_ELEMENT * per_thread
     elif s.kind == "outer_reduction":
         in_flight = max(s.rows_per_block // (s.threads // s.threads_per_row), 1)
         regs = CUDA_OUTER_BASE + s.vector * len(spec.reductions)

@@ -90,6 +90,14 @@ class KernelSpec:
     def rounds(self) -> int:
         return max((self.depth[n.out.id] for n in self.reductions), default=0)
 
+    @cached_property
+    def looped_plan(self):  # noqa: ANN201 - a LoopedPlan (fuser/schedulers/online.py)
+        """The passes a looped kernel makes over the row (online max-and-sum pairs share
+        one)."""
+        from fuser.schedulers.online import looped_plan
+
+        return looped_plan(self)
+
     def crossing_words(self) -> float:
         """32-bit registers per row element that must survive a reduction.
 

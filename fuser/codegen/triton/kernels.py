@@ -12,8 +12,10 @@ from fuser.codegen.triton.render import (
     _cone,
     _identity,
 )
+from fuser.codegen.triton.templates import render_op
 from fuser.ir.graph import Node
-from fuser.ir.ops import REDUCE
+from fuser.ir.ops import REDUCE, Op
+from fuser.schedulers.online import OnlinePair
 from fuser.segmenter import Kind
 
 
@@ -140,6 +142,7 @@ def _persistent_body(kw: TritonKernelWriter, em: Emitter, chunks: list[Chunk]) -
 
 def inner_looped(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
+    plan = spec.looped_plan
     width = s.chunk * s.unroll
     full_end = spec.cols // width * width
     tail = spec.cols - full_end
@@ -152,7 +155,7 @@ def inner_looped(kw: TritonKernelWriter) -> str:
     with w.block(kw.signature([])):
         w.comment(
             f"one row per program, walked {width} columns at a time "
-            f"({spec.rounds} reduction pass(es) + the output pass)"
+            f"({len(plan.passes)} reduction pass(es) + the output pass)"
         )
         kw.row_setup("tl.program_id(0)")
         scalar_em = Emitter(kw)
@@ -168,7 +171,13 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                     scalar_em.node(n, None)
 
         row_nodes(0)
-        for rnd in range(1, spec.rounds + 1):
+        for rounds in plan.passes:
+            if plan.pairs_in(rounds, spec):
+                _online_pass(kw, scalar_em, rounds, body, full_end, tail)
+                for rnd in rounds:
+                    row_nodes(rnd)
+                continue
+            rnd = rounds[0]
             reds = [n for n in spec.reductions if spec.depth[n.out.id] == rnd]
             cone = _cone(spec, [n.inputs[0] for n in reds], {Kind.FULL, Kind.COL}, rnd)
             w.comment(f"pass {rnd}: " + ", ".join(f"{n.op.value} -> {n.out.name}" for n in reds))
@@ -220,6 +229,114 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                     for n in cone:
                         em.node(n, chunk)
     return w.text()
+
+
+def _online_pass(
+    kw: TritonKernelWriter,
+    scalar_em: Emitter,
+    rounds: tuple[int, ...],
+    body: Chunk,
+    full_end: int,
+    tail: int,
+) -> None:
+    """One pass over the row for rounds r and r + 1, whose sums of exp(c * (x - max))
+    are computed online (fuser/schedulers/online.py): every lane keeps a running max and
+    a running sum rescaled when its max grows; the lanes combine after the loop. Plain
+    reductions of round r ride along. The tail is one masked tile as wide as the loop's,
+    so it updates the same lane state."""
+    spec, s, w = kw.spec, kw.s, kw.w
+    plan = spec.looped_plan
+    pairs = plan.pairs_in(rounds, spec)
+    reds = plan.reductions(rounds, spec)
+    maxes = list({id(p.max): p.max for p in pairs}.values())
+    width = body.width
+    cone = _cone(spec, [n.inputs[0] for n in reds + maxes], {Kind.FULL, Kind.COL}, rounds[0])
+    w.comment(
+        f"pass {'+'.join(map(str, rounds))}, online: "
+        + ", ".join(f"{n.op.value} -> {n.out.name}" for n in reds + maxes)
+        + ", "
+        + ", ".join(f"sum(exp(x - max)) -> {p.sum.out.name}" for p in pairs)
+    )
+    w.comment(
+        "each lane keeps a running max and a running sum of exp(x - max), rescaled when\n"
+        "its max grows: the row is read once for both rounds, not once per round\n"
+        "(every exponent is <= 0, so nothing overflows that the two-pass form does not)"
+    )
+    for n in reds:
+        w.line(
+            f"acc_{n.out.name} = tl.full(({s.rows_per_block}, {width}), "
+            f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
+        )
+    for m in maxes:
+        w.line(
+            f"m_{m.out.name} = tl.full(({s.rows_per_block}, {width}), NEG_INF, "
+            f"{_acc_dtype(m.inputs[0].dtype)})"
+        )
+    for p in pairs:
+        w.line(
+            f"s_{p.sum.out.name} = tl.full(({s.rows_per_block}, {width}), 0, "
+            f"{_acc_dtype(p.sum.inputs[0].dtype)})"
+        )
+
+    def step(chunk: Chunk) -> None:
+        kw.col_setup(chunk)
+        em = Emitter(kw)
+        em.done |= scalar_em.done
+        for n in cone:
+            em.node(n, chunk)
+        mask = f"col_ok{chunk.suffix()}" if chunk.masked else None
+        for n in reds + maxes:
+            em.ensure_inputs(n, chunk)
+        for n in reds:
+            x = kw.reduce_operand(n, chunk, mask)
+            w.line(f"acc_{n.out.name} = {kw.combine(n.op, f'acc_{n.out.name}', x)}")
+        for m in maxes:
+            mx = f"m_{m.out.name}"
+            # masked lanes read -inf: they neither grow the max nor add to the sum
+            w.line(f"x_{m.out.name} = {kw.reduce_operand(m, chunk, mask)}")
+            w.line(f"grow_{m.out.name} = x_{m.out.name} > {mx}")
+            for p in pairs:
+                if p.max is not m:
+                    continue
+                sm, x, grow = f"s_{p.sum.out.name}", f"x_{m.out.name}", f"grow_{m.out.name}"
+                # one exp per element: exp(c * (x - m)) if the max stays, else the
+                # rescale exp(c * (m - x)) of the sum so far (and the new element adds 1)
+                d = f"tl.where({grow}, {mx} - {x}, {x} - {mx})"
+                w.line(f"e_{p.sum.out.name} = {_exp(p, d)}")
+                e = f"e_{p.sum.out.name}"
+                w.comment("-inf adds exp(-inf) = 0; skipped, as -inf - -inf would be NaN")
+                w.line(
+                    f"{sm} = tl.where({grow}, {sm} * {e} + 1.0, "
+                    f"tl.where({x} > NEG_INF, {sm} + {e}, {sm}))"
+                )
+            w.line(f"{mx} = {kw.combine(Op.MAX, mx, f'x_{m.out.name}')}")
+
+    if full_end:
+        with w.block(f"for off in range(0, {full_end}, {width}):"):
+            step(body)
+    if tail:
+        step(Chunk("tail", f"{full_end} + ", width, True))
+    for n in reds:
+        w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=1)}")
+    for m in maxes:
+        w.line(f"{m.out.name} = {kw.reduce(m, f'm_{m.out.name}', axis=1)}")
+    for p in pairs:
+        mx, big = f"m_{p.max.out.name}", p.max.out.name
+        lanes = f"s_{p.sum.out.name} * {_exp(p, f'({mx} - {big})')}"
+        w.line(f"{p.sum.out.name} = tl.sum({lanes}, axis=1, keep_dims=True)")
+        w.comment("eager's sum is NaN where the max is not finite (inf - inf, -inf - -inf, NaN)")
+        w.line(f"{p.sum.out.name} = tl.where(tl.abs({big}) < POS_INF, {p.sum.out.name}, nan_())")
+        kw.helpers.add("nan_")
+    for n in reds + maxes + [p.sum for p in pairs]:
+        w.line(f"{n.out.name} = {n.out.name}.to({TL_DTYPE[n.out.dtype]})")
+        scalar_em.done.add((n.out.id, None))
+        scalar_em.maybe_store(n, None)
+
+
+def _exp(p: OnlinePair, d: str) -> str:
+    """The pair's exp op of c * d."""
+    arg = d if p.scale == 1.0 else f"({d}) * {p.scale!r}"
+    return render_op(p.exp, [arg])
 
 
 def pointwise(kw: TritonKernelWriter) -> str:
