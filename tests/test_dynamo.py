@@ -499,3 +499,76 @@ def test_a_lowering_crash_leaves_the_graph_to_aten(monkeypatch):
     assert "LOWERING FAILED" in fuser.explain(backend, print_it=False)
     with pytest.raises(Exception, match="partitioner bug"):
         torch.compile(lambda x: x.cos() + 1, backend=FuserBackend(strict=True))(x)
+
+
+# -- found by python -m fuser.opdb (PyTorch's op_db samples) --------------------------
+def test_logical_ops_take_floats_as_nonzero():
+    # the lowering handed float operands to and/or (Triton: invalid operands float32)
+    def f(x, y):
+        return torch.logical_and(x, y), torch.logical_or(x, y * 0)
+
+    x = torch.tensor([[0.0, 1.5, float("nan"), -2.0]])
+    y = torch.tensor([[3.0, 0.0, 1.0, float("nan")]])
+    backend, _ = run_both(f, [x, y])
+    assert {"logical_and", "logical_or"} <= fused_ops(backend)
+
+
+def test_clamp_with_tensor_bounds():
+    def f(x, lo, hi):
+        return torch.clamp(x, lo, hi), torch.clamp_min(x, lo), torch.clamp_max(x, hi) * 2
+
+    args = [rand(4, 6), rand(4, 6, seed=1) - 0.5, rand(6, seed=2) + 0.5]
+    backend, _ = run_both(f, args)
+    assert {"clamp", "clamp_min", "clamp_max"} <= fused_ops(backend)
+
+
+def test_reductions_and_softmax_of_a_0d_tensor():
+    # mean(x, dim=0) of a 0-d x raised IndexError in the lowering; the softmax backward
+    # took dim % 0
+    def f(x):
+        return x.mean(0, keepdim=True) * 2, torch.softmax(x, 0), torch.log_softmax(x * 3, -1)
+
+    backend, _ = run_both(f, [torch.tensor(0.7, requires_grad=True)])
+    assert {"mean", "_softmax_backward_data", "_log_softmax_backward_data"} <= fused_ops(backend)
+
+
+def test_empty_tensors_stay_aten_with_a_reason():
+    # fuser's ATen evaluation of an empty softmax raised in amax; var of nothing gave -0.0
+    def f(x, y):
+        return torch.softmax(x, -1) * 2, torch.var(y)
+
+    backend = FuserBackend(strict=True)
+    args = [torch.randn(5, 0, 0), torch.randn(0)]
+    with pytest.warns(UserWarning, match="degrees of freedom"):
+        got, want = torch.compile(f, backend=backend)(*args), f(*args)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    reasons = _reasons(backend)
+    assert "is empty: no work for a kernel" in reasons["aten._softmax"]
+    assert "is empty" in reasons["aten.var.correction"]
+
+
+def test_float64_softmax_and_a_cast_to_bfloat16():
+    # the Triton renderer's tl.div_rn takes float32 only (softmax(dtype=float64) did not
+    # compile), and the interpreter cast float64 to bf16 by copying bits (NaN grads)
+    def f(x):
+        return torch.log_softmax(x, 0, dtype=torch.float64), torch.softmax(x * 2, 0, torch.float64)
+
+    backend, _ = run_both(f, [rand(7).bfloat16()], atol=1e-2, rtol=1e-2)
+    assert {"_softmax", "_log_softmax_backward_data"} <= fused_ops(backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_addcdiv_addcmul_lerp_round_once(dtype):
+    # torch's decompositions of these round every step to the half type (addcdiv in bf16
+    # was 0.17 off eager); lowered directly they round once, as ATen's kernels
+    def f(x, a, b, w):
+        return torch.addcdiv(x, a, b), torch.addcmul(x, a, b), torch.lerp(x, a, w), x.lerp(a, 0.7)
+
+    from fuser.fuzz.check import gpu_faithful_interpreter  # bf16 rounds as on a GPU
+
+    t = [rand(5, 8, seed=s, grad=False).to(dtype) * 4 for s in range(3)]
+    w = torch.rand(5, 8, generator=_gen(3)).to(dtype)
+    ulp = torch.finfo(dtype).eps  # one ulp: ATen's CPU lerp uses an FMA
+    with gpu_faithful_interpreter():
+        backend, _ = run_both(f, [t[0], t[1], t[2] + 9, w], atol=0, rtol=ulp)
+    assert {"addcdiv", "addcmul", "lerp"} <= fused_ops(backend)

@@ -22,7 +22,8 @@ from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_gra
 aten = torch.ops.aten
 
 # ATen ops decomposed before lowering: each becomes elementwise math fuser lowers
-# (layer_norm, gelu, softmax and nll_loss, forward and backward, are lowered directly)
+# (layer_norm, gelu, softmax and nll_loss, forward and backward, are lowered directly, and
+# so are addcmul/addcdiv/lerp: torch's decompositions of them round each step to half types)
 _DECOMPOSE = [
     "silu",
     "silu_backward",
@@ -39,9 +40,6 @@ _DECOMPOSE = [
     "softplus_backward",
     "mse_loss",
     "mse_loss_backward",
-    "addcmul",
-    "addcdiv",
-    "lerp",
     "hardswish",
     "hardsigmoid",
     "mish",

@@ -126,12 +126,17 @@ def _log_softmax(ctx: LowerCtx, node: fx.Node) -> Any:
     return ctx.finish(node, [ctx.ops.log_softmax(x, dim=dim)])
 
 
+def _row_sum(ctx: LowerCtx, t: Tensor, dim: int) -> Tensor:
+    """The sum over `dim`, kept; a 0-d tensor is its own sum (softmax of a scalar)."""
+    return ctx.ops.sum(t, dims=[dim % t.ndim], keepdim=True) if t.ndim else t
+
+
 @register(aten._softmax_backward_data.default)
 def _softmax_backward(ctx: LowerCtx, node: fx.Node) -> Any:
     go, out, dim = node.args[:3]
     ops = ctx.ops
     g, y = ctx.up(_float(ctx, go, "grad")), ctx.up(_float(ctx, out, "output"))
-    dot = ops.sum(ops.mul(g, y), dims=[dim % g.ndim], keepdim=True)
+    dot = _row_sum(ctx, ops.mul(g, y), dim)
     return ctx.finish(node, [ops.mul(y, ops.sub(g, dot))])
 
 
@@ -140,7 +145,7 @@ def _log_softmax_backward(ctx: LowerCtx, node: fx.Node) -> Any:
     go, out, dim = node.args[:3]
     ops = ctx.ops
     g, y = ctx.up(_float(ctx, go, "grad")), ctx.up(_float(ctx, out, "output"))
-    total = ops.sum(g, dims=[dim % g.ndim], keepdim=True)
+    total = _row_sum(ctx, g, dim)
     return ctx.finish(node, [ops.sub(g, ops.mul(ops.exp(y), total))])
 
 

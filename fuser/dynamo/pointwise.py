@@ -60,9 +60,8 @@ ARITH = {
 COMPARE = {
     **{getattr(aten, n).Tensor: n for n in ("eq", "ne", "lt", "le", "gt", "ge")},
     **{getattr(aten, n).Scalar: n for n in ("eq", "ne", "lt", "le", "gt", "ge")},
-    aten.logical_and.default: "logical_and",
-    aten.logical_or.default: "logical_or",
 }
+LOGICAL = {aten.logical_and.default: "logical_and", aten.logical_or.default: "logical_or"}
 
 
 def _probe(x: Any) -> Any:
@@ -150,6 +149,41 @@ def _pow_scalar(ctx: LowerCtx, node: fx.Node) -> Any:
     return ctx.finish(node, [ops.pow(x, ctx.scalar(e, dtype))])
 
 
+def _operands(ctx: LowerCtx, node: fx.Node, args: Any) -> tuple[list[Any], torch.dtype]:
+    """Each operand in the result's compute dtype, broadcast to the result's shape."""
+    out = out_meta(node)
+    dtype = compute_dtype(out.dtype)
+    return [ctx.expand_to(ctx.cast(ctx.operand(x), dtype), out.shape) for x in args], dtype
+
+
+# addcmul, addcdiv and lerp are lowered, not decomposed: torch's decompositions round
+# each step to a half type (addcdiv in bf16 was 0.17 off eager, which rounds once)
+@register(aten.addcmul.default, aten.addcdiv.default)
+def _addc(ctx: LowerCtx, node: fx.Node) -> Any:
+    (x, t1, t2), dtype = _operands(ctx, node, node.args[:3])
+    value = node.kwargs.get("value", 1)
+    ops = ctx.ops
+    if value != 1:
+        t1 = ops.mul(ctx.scalar(value, dtype), t1)  # ATen's order: value * t1 op t2
+    prod = ops.mul(t1, t2) if node.target == aten.addcmul.default else ops.div(t1, t2)
+    return ctx.finish(node, [ops.add(x, prod)])
+
+
+@register(aten.lerp.Scalar, aten.lerp.Tensor)
+def _lerp(ctx: LowerCtx, node: fx.Node) -> Any:
+    """ATen's lerp (Lerp.h): from the nearer end, so weight 1 gives `end` exactly."""
+    (start, end, w), dtype = _operands(ctx, node, node.args[:3])
+    ops = ctx.ops
+    diff = ops.sub(end, start)
+    near = ops.add(start, ops.mul(w, diff))
+    far = ops.sub(end, ops.mul(diff, ops.sub(ctx.scalar(1, dtype), w)))
+    weight = node.args[2]
+    if not isinstance(weight, fx.Node):  # a Python number: the branch is known now
+        return ctx.finish(node, [near if abs(weight) < 0.5 else far])
+    small = ops.lt(ops.abs(w), ctx.scalar(0.5, dtype))
+    return ctx.finish(node, [ops.where(small, near, far)])
+
+
 @register(*COMPARE)
 def _compare(ctx: LowerCtx, node: fx.Node) -> Any:
     common = result_type(*node.args[:2])
@@ -161,6 +195,19 @@ def _compare(ctx: LowerCtx, node: fx.Node) -> Any:
             v = torch.tensor(v, dtype=common).item()  # ATen rounds the scalar to `common`
         ops_in.append(ctx.expand_to(ctx.cast(v, dtype), out_meta(node).shape))
     return ctx.finish(node, [getattr(ctx.ops, COMPARE[node.target])(*ops_in)])
+
+
+@register(*LOGICAL)
+def _logical(ctx: LowerCtx, node: fx.Node) -> Any:
+    """ATen's logical ops take any dtype as x != 0 (NaN is true)."""
+    shape = out_meta(node).shape
+    ops_in = []
+    for x in node.args[:2]:
+        t = ctx.tensor(x)
+        if t.dtype != torch.bool:
+            t = ctx.ops.ne(t, ctx.scalar(0, t.dtype))
+        ops_in.append(ctx.expand_to(t, shape))
+    return ctx.finish(node, [getattr(ctx.ops, LOGICAL[node.target])(*ops_in)])
 
 
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
@@ -180,14 +227,21 @@ def _masked_fill(ctx: LowerCtx, node: fx.Node) -> Any:
     return ctx.finish(node, [ctx.ops.where(mask, value, x)])
 
 
-@register(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
+@register(
+    aten.clamp.default,
+    aten.clamp.Tensor,
+    aten.clamp_min.default,
+    aten.clamp_min.Tensor,
+    aten.clamp_max.default,
+    aten.clamp_max.Tensor,
+)
 def _clamp(ctx: LowerCtx, node: fx.Node) -> Any:
     out = out_meta(node)
     dtype = compute_dtype(out.dtype)
     x = ctx.expand_to(ctx.cast(ctx.tensor(node.args[0]), dtype), out.shape)
-    if node.target == aten.clamp_min.default:
+    if node.target in (aten.clamp_min.default, aten.clamp_min.Tensor):
         lo, hi = node.args[1], None
-    elif node.target == aten.clamp_max.default:
+    elif node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         lo, hi = None, node.args[1]
     else:
         lo, hi = arg(node, 1, "min"), arg(node, 2, "max")

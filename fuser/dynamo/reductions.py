@@ -15,11 +15,14 @@ aten = torch.ops.aten
 
 
 def reduce_dims(rank: int, dims: Any) -> list[int]:
-    """ATen's dim argument as sorted non-negative dims (None or [] means every dim)."""
+    """ATen's dim argument as sorted non-negative dims (None or [] means every dim; a 0-d
+    tensor's dim 0 or -1 means none: there is nothing to reduce)."""
+    if rank == 0:
+        return []
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(rank))
     dims = [dims] if isinstance(dims, int) else list(dims)
-    return sorted({d % max(rank, 1) for d in dims})
+    return sorted({d % rank for d in dims})
 
 
 def reduce(ctx: LowerCtx, name: str, x: Tensor, dims: list[int], keepdim: bool) -> Tensor:

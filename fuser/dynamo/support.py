@@ -166,6 +166,8 @@ def try_lower(node: fx.Node) -> str | None:
     fn = LOWERINGS.get(node.target)
     if fn is None:
         return fallback_reason(node)
+    if empty := _empty(node):
+        return f"{empty} is empty: no work for a kernel, stays ATen"
     fd = FusionDefinition("probe")
     ctx = LowerCtx(fd)
     try:
@@ -176,6 +178,17 @@ def try_lower(node: fx.Node) -> str | None:
         return str(e)
     except Exception as e:  # a lowering bug must not break compilation: ATen runs it
         return f"lowering failed ({type(e).__name__}: {e})"
+    return None
+
+
+def _empty(node: fx.Node) -> str | None:
+    """The first operand or result of `node` with no elements (ATen's empty-tensor rules,
+    such as var of nothing being NaN, are not worth a kernel)."""
+    for n in (*node.all_input_nodes, node):
+        vals = n.meta.get("val")
+        for v in vals if isinstance(vals, (tuple, list)) else [vals]:
+            if isinstance(v, torch.Tensor) and v.numel() == 0:
+                return "the result" if n is node else f"operand {n.name}"
     return None
 
 

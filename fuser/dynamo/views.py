@@ -35,6 +35,7 @@ ELEMENTWISE = (
     | set(pointwise.PREDICATES)
     | set(pointwise.ARITH)
     | set(pointwise.COMPARE)
+    | set(pointwise.LOGICAL)
     | {aten.where.self, aten.gelu.default, aten.gelu_backward.default, aten.clone.default}
     | {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
 )

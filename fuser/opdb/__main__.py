@@ -22,7 +22,12 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(str(d).removeprefix("torch.") for d in DEFAULT_DTYPES),
         help="comma-separated (default float32,float16,bfloat16)",
     )
-    p.add_argument("--max-samples", type=int, default=None, help="per op and dtype")
+    p.add_argument(
+        "--max-samples",
+        type=int,
+        default=None,
+        help="per op and dtype, spread over the sample list (first and last included)",
+    )
     p.add_argument("--sample", type=int, default=None, help="only the sample of this index")
     p.add_argument("--json", default=None, help="write every sample's result here")
     p.add_argument("-v", "--verbose", action="store_true", help="print every sample")
