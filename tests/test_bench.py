@@ -60,3 +60,20 @@ def test_cpu_smoke_sweep(tmp_path) -> None:
     assert all(r["correct"] for r in sweep), [r["error"] for r in sweep if r["error"]]
     # the heuristic's own choice is among the candidates, once per kernel
     assert sum(r["heuristic"] for r in sweep if r["op"] == "ln_fused") == 1
+
+
+def test_regret_prefers_the_confirmed_timings() -> None:
+    """The sweep's single quick timings pick the best; the re-timed medians decide."""
+    from fuser.bench.report import regret
+
+    def row(impl: str, ms: float, mine: bool, sched: str) -> dict:
+        return {"op": "x", "shape": "8x64", "impl": impl, "kernel": "k0", "ms": ms,
+                "heuristic": mine, "schedule": sched}  # fmt: skip
+
+    swept = [row("sweep-cuda", 1.0, True, "h"), row("sweep-cuda", 0.5, False, "b")]
+    (only,) = regret(swept)
+    assert only["regret"] == pytest.approx(1.0) and not only["confirmed"]
+    confirmed = [row("confirm-cuda", 0.9, True, "h"), row("confirm-cuda", 0.8, False, "b")]
+    (both,) = regret(swept + confirmed)
+    assert both["backend"] == "cuda" and both["confirmed"] and both["candidates"] == 2
+    assert both["regret"] == pytest.approx(0.9 / 0.8 - 1)

@@ -372,3 +372,71 @@ def test_prefetching_row_loop_compiles_and_estimate():
         r = pre.resources()
         assert r["spill_bytes"] == 0, r
         assert within(r["estimate"], r["registers"]), (h, r)
+
+
+# -- fuzzer finds, on the CUDA backend ---------------------------------------------------------
+def _scalar_rounding(dtype: torch.dtype):  # noqa: ANN202
+    def build(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1], dtype)
+        fd.add_output(fd.ops.eq(x, 0.1))
+        fd.add_output(fd.ops.gt(x, 0.1))
+        fd.add_output(fd.ops.mul(fd.ops.maximum(x, 0.1), 3.0))
+        fd.add_output(fd.ops.mul(fd.ops.where(fd.ops.lt(x, 0.0), 0.1, x), 3.0))
+
+    return build
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
+def test_emulated_python_scalars_round_like_eager(emulated, dtype):
+    """Eager rounds a Python scalar to the tensor's dtype before it compares or selects:
+    bf16(0.1) == 0.1 is true. The CUDA kernels compared with 0.1f (false) and kept 0.1f as
+    maximum's result for the next op to use."""
+    fd = define(_scalar_rounding(dtype), "scalars")
+    x = torch.randn(37, 3).to(dtype).t()  # [3, 37], not contiguous
+    x[0, :4] = torch.tensor(0.1).to(dtype)
+    got, eager = fd.execute([x], backend="cuda"), fd.reference([x])
+    assert fd.kernels[0].backend == "cuda"
+    for i, (g, e) in enumerate(zip(got, eager)):
+        assert torch.equal(g, e), (i, g, e)
+
+
+def test_emulated_int_compared_with_a_float(emulated):
+    """int32 == 0.5 compares in float32, as eager; the CUDA kernel wrote the literal as
+    the int 0 (x == 0 for x == 0)."""
+
+    def build(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1], torch.int32)
+        fd.add_output(fd.ops.eq(x, 0.5))
+        fd.add_output(fd.ops.lt(x, 0.5))
+
+    fd = define(build, "int_cmp")
+    x = torch.arange(-55, 56, dtype=torch.int32).view(37, 3).t()
+    got, eager = fd.execute([x], backend="cuda"), fd.reference([x])
+    for g, e in zip(got, eager):
+        assert torch.equal(g, e)
+
+
+def _mixed_and_scalar(fd: FusionDefinition) -> None:
+    """The Triton finds: ops on two float dtypes, a column sum using scalar values."""
+    a, b = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1], F16)
+    c, s = fd.define_tensor([-1, -1], BF16), fd.define_tensor([])
+    fd.add_output(fd.ops.div(a, b))
+    fd.add_output(fd.ops.add(b, c))
+    col = fd.ops.sum(fd.ops.mul(a, fd.ops.mul(s, 0.5)), dims=[0])
+    fd.add_output(fd.ops.sub(col, fd.ops.exp(s)))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 300])
+def test_emulated_mixed_dtypes_and_column_scalars(emulated, rows):
+    """On [rows, 37] (300 rows: a split column sum, whose finalize kernel computes the
+    scalar exp(s) again)."""
+    fd = define(_mixed_and_scalar, "mixed")
+    g = torch.Generator().manual_seed(rows)
+    a = torch.randn(37, rows, generator=g).t()
+    b = torch.randn(rows, 37, generator=g).abs().to(F16) + 0.5
+    c = torch.randn(rows, 37, generator=g).to(BF16)
+    inputs = [a, b, c, torch.tensor(1.5)]
+    got, eager = fd.execute(inputs, backend="cuda"), fd.reference(inputs)
+    assert (fd.kernels[-1].schedule.split_rows > 1) == (rows == 300)
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    torch.testing.assert_close(got[2], eager[2], atol=1e-5, rtol=1e-5)

@@ -1,12 +1,13 @@
 """The random-fusion fuzzer in its CI budget, the fuzzer's own machinery, and a regression
-test for every bug it found (strict xfails for the ones whose fix is in files owned
-elsewhere; fuser/fuzz/known.py lists them so long runs count them instead of stopping).
+test for every bug it found (a strict xfail while a bug is open; fuser/fuzz/known.py lists
+the open ones so long runs count them instead of stopping).
 
 Longer runs: `python -m fuser.fuzz --seconds 600 --seed N` (see fuser/fuzz/__main__.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
@@ -223,10 +224,14 @@ def test_cli_writes_json(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_every_known_bug_has_its_xfail() -> None:
-    here = {name for name, _ in inspect.getmembers(sys.modules[__name__], inspect.isfunction)}
+    tests = dict(inspect.getmembers(sys.modules[__name__], inspect.isfunction))
     for k in KNOWN:
         path, name = k.test.split("::")
-        assert path == "tests/test_fuzz.py" and name in here, k
+        assert path == "tests/test_fuzz.py" and name in tests, k
+    known = {k.test.split("::")[1] for k in KNOWN}
+    for name, fn in tests.items():
+        marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "xfail"]
+        assert not marks or name in known, f"{name} is xfailed but not in fuser/fuzz/known.py"
 
 
 # -- bugs the fuzzer found, fixed ---------------------------------------------------------------
@@ -284,27 +289,12 @@ def test_softmax_over_a_middle_dim() -> None:
     assert_agrees(fd, [randn(1, 9, 130, seed=1)])
 
 
-# -- bugs the fuzzer found, open (their fixes are in fuser/codegen or fuser/schedulers) -----
+# -- bugs the fuzzer found in code generation, fixed (fuser/codegen) -------------------------
 def test_relu_propagates_nan() -> None:
     fd = define(lambda fd: fd.add_output(fd.ops.relu(fd.define_tensor([-1, -1]))))
     x = randn(2, 33)
     x[1, 4] = math.nan
     assert_agrees(fd, [x])
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="render.py upcasts operands to float32 only when the op's output is half; "
-    "div(f32, f16) renders tl.div_rn(f32, f16), which Triton rejects (Expected dtype fp32, "
-    "GPU and interpreter alike); fix: cast every float operand of FLOAT_MATH ops to the "
-    "compute dtype (float32 for half outputs, else the output dtype)",
-)
-def test_div_of_float32_by_float16() -> None:
-    def build_fn(fd: FusionDefinition) -> None:
-        fd.add_output(fd.ops.div(fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1], F16)))
-
-    y = randn(3, 5, dtype=F16, seed=1).abs() + 0.5
-    assert_agrees(define(build_fn), [randn(3, 5), y])
 
 
 def test_tanh_of_small_values() -> None:
@@ -340,36 +330,6 @@ def test_softmax_of_a_broadcast_column() -> None:
     assert_agrees(define(build_fn), [randn(4, 9)])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Triton computes float16 op bfloat16 in float16 (semantic.computation_type_impl "
-    "rule 3), torch in float32: add(f16, bf16) rounds to half (GPU and interpreter); fix in "
-    "render.py: cast both operands to the IR's output dtype first (the same fix as div)",
-)
-def test_add_float16_bfloat16() -> None:
-    def build_fn(fd: FusionDefinition) -> None:
-        fd.add_output(fd.ops.add(fd.define_tensor([-1], F16), fd.define_tensor([-1], BF16)))
-
-    assert_agrees(define(build_fn), [randn(511, dtype=F16), randn(511, dtype=BF16, seed=1)])
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="kernels.outer_reduction emits COL nodes before the row loop and FULL/ROW nodes in "
-    "it, never SCALAR ones: with one row, broadcast_in_dim(var[1] -> [1, 1]) is SCALAR and "
-    "its name is never defined (NameError, GPU compile fails too); fix: emit non-const "
-    "SCALAR nodes of depth 0 with the COL prologue",
-)
-def test_column_sum_of_one_row_minus_its_variance() -> None:
-    def build_fn(fd: FusionDefinition) -> None:
-        x = fd.define_tensor([1, -1])
-        var, _ = fd.ops.var_mean(x, dims=[1], correction=0, keepdim=True)
-        wide = fd.ops.broadcast_in_dim(var, shape=x.shape, broadcast_dims=[0, 1])
-        fd.add_output(fd.ops.sum(fd.ops.sub(x, wide), dims=[0]))
-
-    assert_agrees(define(build_fn), [randn(1, 511)])
-
-
 def test_var_mean_of_a_row_holding_inf() -> None:
     """ATen's var_mean (Welford) gives a NaN mean for a row holding an inf; torch.mean and
     fuser's two-pass decomposition give the inf. The checker accepts fuser's (documented
@@ -390,14 +350,103 @@ def test_var_mean_of_a_row_holding_inf() -> None:
     assert_agrees(fd, [x])
 
 
-@INTERP
-@pytest.mark.xfail(
-    strict=True,
-    reason="where(cond, <Python float>, bf16 tile) makes Triton's interpreter build a bf16 "
-    "constant (InterpreterBuilder has no get_bf16); fix in render.py: compute where on bf16 "
-    "operands in float32 (exact) and cast back, as FLOAT_MATH ops already do",
-)
+def transposed(rows: int, cols: int, dtype: torch.dtype = F32, seed: int = 0) -> torch.Tensor:
+    """Random [rows, cols] stored column-major: a non-contiguous input."""
+    return randn(cols, rows, dtype=dtype, seed=seed).t()
+
+
+# Triton chose its own dtype for an op on two float dtypes: tl.div_rn rejected float32 with
+# float16 ("Expected dtype fp32 but got fp16"), float16 + bfloat16 ran in float16 (its
+# rule 3) where torch promotes to float32. The renderer now converts every operand to the
+# dtype the IR gives the op (float32 for a 16-bit one) first.
+def test_div_of_float32_by_float16() -> None:
+    def build_fn(fd: FusionDefinition) -> None:
+        fd.add_output(fd.ops.div(fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1], F16)))
+
+    y = randn(3, 5, dtype=F16, seed=1).abs() + 0.5
+    assert_agrees(define(build_fn), [randn(3, 5), y])
+
+
+def test_add_float16_bfloat16() -> None:
+    def build_fn(fd: FusionDefinition) -> None:
+        fd.add_output(fd.ops.add(fd.define_tensor([-1], F16), fd.define_tensor([-1], BF16)))
+
+    assert_agrees(define(build_fn), [randn(511, dtype=F16), randn(511, dtype=BF16, seed=1)])
+
+
+MIXED = [(F32, F16), (F32, BF16), (F16, BF16), (torch.float64, BF16)]
+
+
+@pytest.mark.parametrize("dtypes", MIXED, ids=lambda d: "_".join(str(t)[6:] for t in d))
+def test_ops_on_two_float_dtypes(dtypes: tuple[torch.dtype, torch.dtype]) -> None:
+    """Every binary op family on [3, 37] operands of two float dtypes, one transposed;
+    a third of the elements equal in both (comparisons at their ties)."""
+    da, db = dtypes
+
+    def build_fn(fd: FusionDefinition) -> None:
+        a, b = fd.define_tensor([-1, -1], da), fd.define_tensor([-1, -1], db)
+        for op in ("add", "sub", "mul", "div", "maximum", "minimum", "gt", "eq", "le"):
+            fd.add_output(getattr(fd.ops, op)(a, b))
+        fd.add_output(fd.ops.pow(fd.ops.add(fd.ops.abs(a), 0.5), b))
+        fd.add_output(fd.ops.where(fd.ops.gt(a, 0.0), a, b))
+
+    a = transposed(3, 37, BF16).to(da)  # values both dtypes hold exactly
+    b = randn(3, 37, dtype=db, seed=1)
+    b[:, ::3] = a[:, ::3].to(db)
+    fd = define(build_fn)
+    assert_agrees(fd, [a, b])
+    for i, (g, e) in enumerate(zip(fd.execute([a, b]), fd.reference([a, b]))):
+        assert g.dtype == e.dtype, (i, g.dtype, e.dtype)
+
+
+@pytest.mark.parametrize("op", ["exp", "div", "gt"])
+def test_int_operands_of_float_ops(op: str) -> None:
+    """An int tensor in an op whose dtype is float (exp, true division, a comparison with
+    a Python float): Triton's tl.exp and tl.div_rn rejected int32 operands."""
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1], torch.int32)
+        fd.add_output(
+            fd.ops.div(x, 3) if op == "div" else fd.ops.gt(x, 0.5) if op == "gt" else fd.ops.exp(x)
+        )
+
+    x = torch.arange(-50, 61, dtype=torch.int32, device=DEVICE).view(37, 3).t()
+    assert_agrees(define(build_fn), [x])
+
+
+# kernels.outer_reduction emitted COL nodes before its row loop and FULL/ROW nodes in it,
+# never SCALAR ones: with one row, broadcast_in_dim(var[1] -> [1, 1]) is SCALAR and was
+# never defined (NameError); the prologue and the split finalize kernel emit them now
+def test_column_sum_of_one_row_minus_its_variance() -> None:
+    def build_fn(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([1, -1])
+        var, _ = fd.ops.var_mean(x, dims=[1], correction=0, keepdim=True)
+        wide = fd.ops.broadcast_in_dim(var, shape=x.shape, broadcast_dims=[0, 1])
+        fd.add_output(fd.ops.sum(fd.ops.sub(x, wide), dims=[0]))
+
+    assert_agrees(define(build_fn), [randn(1, 511)])
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_column_sum_with_scalar_values(rows: int) -> None:
+    """A 0-d input and values computed from it alone, in the row loop and after the
+    column sum, on a transposed [rows, 37]."""
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x, s = fd.define_tensor([-1, -1]), fd.define_tensor([])
+        half = fd.ops.mul(s, 0.5)
+        col = fd.ops.sum(fd.ops.mul(x, half), dims=[0])
+        fd.add_output(fd.ops.sub(col, fd.ops.exp(s)))
+
+    assert_agrees(define(build_fn), [transposed(rows, 37), randn(seed=2)])
+
+
+# Triton's interpreter faults that fuser's generated source now avoids, with the same GPU
+# code (SASS for sm_90 compared before and after)
 def test_where_bf16_with_python_scalar() -> None:
+    """where(cond, <Python float>, bf16 tile) made Triton's interpreter build a bf16
+    constant (InterpreterBuilder has no get_bf16); a 16-bit where now selects in float32."""
+
     def build_fn(fd: FusionDefinition) -> None:
         x = fd.define_tensor([-1, -1], BF16)
         fd.add_output(fd.ops.where(fd.ops.gt(x, 0.0), -math.inf, x))
@@ -405,31 +454,51 @@ def test_where_bf16_with_python_scalar() -> None:
     assert_agrees(define(build_fn), [randn(2, 3, dtype=BF16)])
 
 
-SCALAR_AND = (
-    "Triton's interpreter cannot `&`/`|` a bool tile with a 0-d comparison result (numpy "
-    "bitwise_and on its float-typed data; a GPU compiles it): fuser raises on the CPU path"
-)
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_python_scalars_in_comparisons_and_where(dtype: torch.dtype) -> None:
+    """Eager rounds a Python scalar to the tensor's dtype before it compares or selects
+    (bf16(0.1) == 0.1 is true); the comparisons run in float32 with the rounded literal."""
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1], dtype)
+        fd.add_output(fd.ops.eq(x, 0.1))
+        fd.add_output(fd.ops.gt(x, 0.1))
+        fd.add_output(fd.ops.where(fd.ops.lt(x, 0.1), 0.1, x))
+        fd.add_output(fd.ops.where(fd.ops.gt(x, 1.0), -math.inf, x))
+        fd.add_output(fd.ops.mul(fd.ops.maximum(x, 0.1), 3.0))
+
+    x = transposed(3, 37, dtype)
+    x[0, :4] = torch.tensor(0.1).to(dtype)
+    fd = define(build_fn)
+    got, eager = fd.execute([x]), fd.reference([x])
+    for i in range(4):
+        assert torch.equal(got[i], eager[i]), (i, got[i], eager[i])
+    assert_agrees(fd, [x])
 
 
-@INTERP
-@pytest.mark.xfail(
-    strict=True,
-    reason=SCALAR_AND + ". pow(x, <Python float>): the pow_ helper's `integral & (...)` "
-    "is such a 0-d `&`; fix in templates.py pow_: `b = b + tl.zeros_like(a)` first "
-    "(verified under the interpreter; compiles for sm_90)",
-)
 def test_pow_python_scalar_exponent() -> None:
     fd = define(lambda fd: fd.add_output(fd.ops.pow(fd.define_tensor([-1, -1]), 2.0)))
     assert_agrees(fd, [randn(3, 5)])
 
 
-@INTERP
-@pytest.mark.xfail(
-    strict=True,
-    reason=SCALAR_AND + ". logical_and(x > 1, <0-d comparison>); fix in templates.py: "
-    "render logical_and as tl.where(a, b, False) and logical_or as tl.where(a, True, b) "
-    "(verified with a standalone kernel under the interpreter)",
-)
+@pytest.mark.parametrize("exponent", [3.0, 0.5, -1.0, 0.0, math.inf, math.nan])
+def test_pow_scalar_exponent_and_base(exponent: float) -> None:
+    """pow with a Python float exponent or base, or a 0-d tensor one, on negative, zero
+    and one bases: the pow_ helper broadcasts its operands before it `&`s comparisons."""
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x, s = fd.define_tensor([-1, -1]), fd.define_tensor([])
+        fd.add_output(fd.ops.pow(x, exponent))
+        fd.add_output(fd.ops.pow(exponent, fd.ops.floor(x)))
+        fd.add_output(fd.ops.pow(x, s))
+        fd.add_output(fd.ops.pow(s, fd.ops.floor(x)))
+
+    x = transposed(3, 37) * 3
+    x[0, :3] = torch.tensor([0.0, 1.0, -1.0])
+    s = torch.tensor(exponent, device=DEVICE)
+    assert_agrees(define(build_fn), [x, s])
+
+
 def test_logical_and_with_a_scalar_comparison() -> None:
     def build_fn(fd: FusionDefinition) -> None:  # as the fuzzer shrank it
         x = fd.define_tensor([-1])
@@ -440,16 +509,28 @@ def test_logical_and_with_a_scalar_comparison() -> None:
     assert_agrees(define(build_fn), [randn(2)])
 
 
-UNPATCHED_BF16 = (
-    "Triton's interpreter keeps bf16 as uint16 bit patterns and compares those as unsigned "
-    "ints (-1.5 > 1.5): fuser's CPU path gives wrong bf16 comparisons silently; fix in "
-    "render.py: compare bf16 operands after .to(tl.float32) (exact; free on a GPU)"
-)
+def test_logical_ops_with_a_scalar_operand() -> None:
+    """logical_and/or of a tile and a 0-d comparison, both ways round, and of a float
+    tensor (nonzero is true); rendered as tl.where, not `&`/`|`."""
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x, s = fd.define_tensor([-1, -1]), fd.define_tensor([])
+        tile, flat = fd.ops.gt(x, 0.0), fd.ops.gt(s, 0.0)
+        fd.add_output(fd.ops.logical_and(tile, flat))
+        fd.add_output(fd.ops.logical_or(flat, tile))
+        fd.add_output(fd.ops.logical_and(flat, tile))
+        fd.add_output(fd.ops.logical_or(tile, fd.ops.floor(x)))
+
+    for sign in (1.0, -1.0):
+        assert_agrees(define(build_fn), [transposed(3, 37), torch.tensor(sign, device=DEVICE)])
 
 
 @INTERP
-@pytest.mark.xfail(strict=True, reason=UNPATCHED_BF16)
 def test_bf16_comparisons_on_the_interpreter() -> None:
+    """Triton's interpreter keeps bf16 as uint16 bit patterns and compares those as
+    unsigned ints (-1.5 > 1.5): bf16 operands are compared after .to(tl.float32) (exact;
+    a GPU makes the same code)."""
+
     def build_fn(fd: FusionDefinition) -> None:
         x = fd.define_tensor([-1, -1], BF16)
         fd.add_output(fd.ops.gt(fd.ops.neg(x), x))
@@ -463,12 +544,38 @@ def test_bf16_comparisons_on_the_interpreter() -> None:
 
 
 @INTERP
-@pytest.mark.xfail(
-    strict=True,
-    reason="cast(bool, bf16) fails in Triton's interpreter (_convert_float has no int1 -> bf16); "
-    "fix in render.py: cast bool to float32 first, then to bf16 (exact)",
-)
+def test_bf16_ops_on_the_unpatched_interpreter() -> None:
+    """Comparisons, maximum, isnan and logical_not of bf16 on random [3, 37] data with
+    zeros of both signs and a NaN, as users' CPU runs get them."""
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1], BF16)
+        y = fd.ops.neg(x)
+        fd.add_output(fd.ops.lt(x, y))
+        fd.add_output(fd.ops.ge(x, 0.0))
+        fd.add_output(fd.ops.ne(x, y))
+        fd.add_output(fd.ops.maximum(x, y))
+        fd.add_output(fd.ops.isnan(x))
+        fd.add_output(fd.ops.logical_not(x))
+
+    x = transposed(3, 37, BF16)
+    x[0, :3] = torch.tensor([0.0, -0.0, math.nan])
+    fd = define(build_fn)
+    with _unpatched_interpreter():
+        got = fd.execute([x])
+    for g, e in zip(got, fd.reference([x])):
+        assert (
+            torch.equal(g, e)
+            or torch.equal(g.isnan(), e.isnan())
+            and torch.equal(g.nan_to_num(), e.nan_to_num())
+        ), (g, e)
+
+
+@INTERP
 def test_cast_bool_to_bf16_on_the_interpreter() -> None:
+    """cast(bool, bf16) copied the integer into the bit pattern in Triton's interpreter;
+    casts to a 16-bit float now go through float32 (exact for bool)."""
+
     def build_fn(fd: FusionDefinition) -> None:
         x = fd.define_tensor([-1, -1], BF16)
         fd.add_output(fd.ops.cast(fd.ops.gt(x, 0.0), BF16))
@@ -480,30 +587,49 @@ def test_cast_bool_to_bf16_on_the_interpreter() -> None:
     assert torch.equal(got[0], fd.reference([x])[0])
 
 
+@pytest.mark.parametrize("src", [torch.bool, torch.int32, F16, torch.float64])
+def test_casts_to_bf16_go_through_float32(src: torch.dtype) -> None:
+    """Casts to bf16 from bool, int32, float16 and float64, on the unpatched interpreter
+    too (values bf16 holds: its float32 narrowing truncates)."""
+    fd = define(lambda fd: fd.add_output(fd.ops.cast(fd.define_tensor([-1, -1], src), BF16)))
+    x = transposed(3, 37, BF16) * 64
+    x = (x > 0) if src == torch.bool else x.to(src)
+    with _unpatched_interpreter() if use_interpreter() else contextlib.nullcontext():
+        got = fd.execute([x])
+    assert torch.equal(got[0], fd.reference([x])[0])
+
+
+def test_float64_to_bf16_rounds_through_float32() -> None:
+    """torch converts a double to bf16 through float (c10): 1 + 2^-8 + 2^-30 is a tie in
+    float32 and rounds to 1.0, where one rounding gives 1.0078125."""
+    fd = define(lambda fd: fd.add_output(fd.ops.cast(fd.define_tensor([-1], torch.float64), BF16)))
+    x = torch.tensor([1 + 2**-8 + 2**-30, -(1 + 2**-8 + 2**-30), 3.0], dtype=torch.float64)
+    x = x.to(DEVICE)
+    assert torch.equal(fd.execute([x])[0], fd.reference([x])[0])
+    assert fd.reference([x])[0][0].item() == 1.0
+
+
 class _unpatched_interpreter:
     """Undo gpu_faithful_interpreter() inside a test: fuser's CPU path as users get it."""
 
     def __enter__(self) -> None:
         from triton.runtime import interpreter
 
-        b = interpreter.InterpreterBuilder
-        self.saved = (interpreter._convert_float, b.binary_op, b.cast_impl)
-        interpreter._convert_float, b.binary_op, b.cast_impl = _ORIGINAL
+        self.saved = interpreter._convert_float
+        interpreter._convert_float = _ORIGINAL
 
     def __exit__(self, *exc: object) -> None:
         from triton.runtime import interpreter
 
-        b = interpreter.InterpreterBuilder
-        interpreter._convert_float, b.binary_op, b.cast_impl = self.saved
+        interpreter._convert_float = self.saved
 
 
-def _originals() -> tuple:
+def _original() -> object:
     if not use_interpreter():
-        return (None, None, None)
+        return None
     from triton.runtime import interpreter
 
-    b = interpreter.InterpreterBuilder
-    return (interpreter._convert_float, b.binary_op, b.cast_impl)
+    return interpreter._convert_float
 
 
-_ORIGINAL = _originals()
+_ORIGINAL = _original()

@@ -478,6 +478,23 @@ def test_column_sum_split() -> None:
     assert torch.equal(fd.execute([x])[0], first)
 
 
+@pytest.mark.parametrize("shape", [(1, 37), (3, 37), (300, 77)], ids=["1x37", "3x37", "300x77"])
+def test_column_sum_with_scalar_nodes(shape: tuple[int, int]) -> None:
+    """Values computed from a 0-d input alone (SCALAR nodes) in the row loop and after
+    the column sum; 300 x 77 splits the rows, and its finalize kernel computes them again.
+    The outer-reduction kernel emitted no SCALAR node (NameError), a fuzzer find."""
+
+    def build(fd: FusionDefinition) -> None:
+        x, s = fd.define_tensor([-1, -1]), fd.define_tensor([])
+        col = fd.ops.sum(fd.ops.mul(x, fd.ops.mul(s, 0.5)), dims=[0])
+        fd.add_output(fd.ops.sub(col, fd.ops.exp(s)))
+
+    fd = define(build, "scalar_nodes")
+    x = transposed(*shape)
+    check(fd, [x, torch.tensor(1.5)], "outer_reduction", n=shape[0])
+    assert (fd.kernels[0].schedule.split_rows > 1) == (shape[0] == 300)
+
+
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
 def test_column_max(dtype: torch.dtype) -> None:
     fd = define(lambda fd: fd.add_output(fd.ops.max(fd.define_tensor([-1, -1], dtype), dims=[0])))

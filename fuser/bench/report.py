@@ -35,11 +35,17 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
 def regret(rows: list[dict]) -> list[dict]:
     """Per (op, shape, backend, kernel): the heuristic's time against the best candidate."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
+    confirmed: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
+        key = (r["op"], r["shape"], r["impl"].split("-", 1)[-1], r.get("kernel"))
         if r["impl"].startswith("sweep-") and r.get("ms"):
-            groups[(r["op"], r["shape"], r["impl"], r.get("kernel"))].append(r)
+            groups[key].append(r)
+        elif r["impl"].startswith("confirm-") and r.get("ms"):
+            confirmed[key].append(r)
     out = []
-    for (op, shape, impl, kernel), rs in groups.items():
+    for (op, shape, backend, kernel), swept in groups.items():
+        # the re-timed heuristic and fastest candidates where the sweep has them
+        rs = confirmed.get((op, shape, backend, kernel)) or swept
         best = min(rs, key=lambda r: r["ms"])
         mine = [r for r in rs if r.get("heuristic")]
         if not mine:
@@ -48,14 +54,15 @@ def regret(rows: list[dict]) -> list[dict]:
             {
                 "op": op,
                 "shape": shape,
-                "backend": impl.removeprefix("sweep-"),
+                "backend": backend,
                 "kernel": kernel,
                 "heuristic": mine[0]["schedule"],
                 "heuristic_ms": mine[0]["ms"],
                 "best": best["schedule"],
                 "best_ms": best["ms"],
                 "regret": mine[0]["ms"] / best["ms"] - 1,
-                "candidates": len(rs),
+                "candidates": len(swept),
+                "confirmed": rs is not swept,
             }
         )
     return out
@@ -93,7 +100,8 @@ def plot(rows: list[dict], out: Path) -> list[Path]:
         return []
     by_op: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        if r.get("gbps") and not r["impl"].startswith("sweep-") and r["op"] != "copy":
+        timing_only = r["impl"].split("-")[0] in ("sweep", "confirm")
+        if r.get("gbps") and not timing_only and r["op"] != "copy":
             by_op[(r["op"], r["dtype"])].append(r)
     paths = []
     for (op, dtype), rs in by_op.items():

@@ -43,15 +43,13 @@ from fuser.codegen.cuda.templates import (
 from fuser.codegen.header import header_lines
 from fuser.codegen.writer import Writer
 from fuser.errors import CompileError
-from fuser.ir.dtypes import DType
+from fuser.ir.dtypes import DType, promote
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import COMPARE, ELEMENTWISE, LOGICAL, REDUCE, UNARY_BOOL, Op
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import Arg, KernelSpec
 from fuser.segmenter import Kind
 
-# C types in the order C++ promotes them (the widest operand of a comparison decides)
-_RANK = {"bool": 0, "int": 1, "long long": 2, "float": 3, "double": 4}
 _CT_DTYPE = {
     "double": DType.float64,
     "long long": DType.int64,
@@ -131,16 +129,25 @@ class CudaKernelWriter:
             return f"{v.name}[i]"
         return v.name
 
-    def operand(self, v: Value, ct: str) -> str:
-        """`v` as C type `ct`: constants are written in it, other values converted."""
+    def operand(self, v: Value, ct: str, common: DType | None = None) -> str:
+        """`v` as C type `ct`: constants are written in it, other values converted.
+
+        `common`: the operands' common dtype of a comparison, where, maximum or minimum;
+        eager rounds each operand to it first (bf16(0.1) == 0.1 is true), so a 16-bit
+        `common` rounds a constant or a wider value (a float32 scalar next to a bf16
+        tensor). Arithmetic keeps its constants as the builder gave them.
+        """
         if v.id in self.consts:
             value, dtype = self.consts[v.id].attr("value"), self.consts[v.id].attr("dtype")
+            if common in HALF:
+                return literal(value, common)
             # a float constant stays float32 (or its own 16-bit value) next to float32 math:
             # a double literal would pull the whole expression into float64
             target = (dtype if dtype in HALF else DType.float32) if ct == "float" else _CT_DTYPE[ct]
             return literal(value, target)
         x = self.ref(v)
-        return x if COMPUTE[v.dtype] == ct else f"({ct}){x}"
+        x = x if COMPUTE[v.dtype] == ct else f"({ct}){x}"
+        return round_to(x, common) if common in HALF and v.dtype != common else x
 
     def expr(self, node: Node) -> str:
         """The C expression of an elementwise, broadcast or iota node."""
@@ -154,17 +161,21 @@ class CudaKernelWriter:
             return self.cast(node.inputs[0], out.dtype)
         if op not in ELEMENTWISE:
             raise CompileError(f"cannot render {op.value} for cuda")
-        if op in COMPARE or op in LOGICAL or op in UNARY_BOOL:
-            types = [COMPUTE[v.dtype] for v in node.inputs if v.id not in self.consts]
-            opct = "bool" if op in LOGICAL else max(types or ["float"], key=_RANK.__getitem__)
-            args = [
-                self.operand(v, opct) if v.id in self.consts or op in LOGICAL else self.ref(v)
-                for v in node.inputs
-            ]
-            return render_op(op, args, opct)
+        if op in COMPARE:
+            xs = node.inputs
+            common = promote([x.dtype for x in xs if x.rank], [x.dtype for x in xs if not x.rank])
+            opct = COMPUTE[common]
+            return render_op(op, [self.operand(v, opct, common) for v in xs], opct)
+        if op in LOGICAL:
+            return render_op(op, [self.operand(v, "bool") for v in node.inputs], "bool")
+        if op in UNARY_BOOL:
+            x = node.inputs[0]
+            return render_op(op, [self.operand(x, COMPUTE[x.dtype])], COMPUTE[x.dtype])
         if op == Op.WHERE:
             args = [self.operand(node.inputs[0], "bool")]
-            args += [self.operand(v, ct) for v in node.inputs[1:]]
+            args += [self.operand(v, ct, out.dtype) for v in node.inputs[1:]]
+        elif op in (Op.MAXIMUM, Op.MINIMUM):
+            args = [self.operand(v, ct, out.dtype) for v in node.inputs]
         else:
             args = [self.operand(v, ct) for v in node.inputs]
         e = render_op(op, args, ct)

@@ -373,9 +373,9 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
     with w.block(kw.signature(extra)):
         w.comment(f"column tile {s.chunk}; rows {s.rows_per_block} at a time, split {split} ways")
         kw.col_setup(chunk)
-        for n in spec.nodes:
+        for n in spec.nodes:  # what every row uses: column and scalar values
             if (
-                spec.kinds.get(n.out.id) == Kind.COL
+                spec.kinds.get(n.out.id) in (Kind.COL, Kind.SCALAR)
                 and spec.depth[n.out.id] == 0
                 and n.op not in REDUCE
             ):
@@ -442,8 +442,8 @@ def _epilogue(kw: TritonKernelWriter, em: Emitter, reds: list[Node], chunk: Chun
         kw.w.line(f"{n.out.name} = {n.out.name}.to({TL_DTYPE[n.out.dtype]})")
         em.done.add(em.key(n.out.id, chunk))
         em.maybe_store(n, chunk)
-    for n in spec.nodes:
-        if n.op not in REDUCE and spec.kinds.get(n.out.id) == Kind.COL:
+    for n in spec.nodes:  # a finalize kernel computes the scalar values again
+        if n.op not in REDUCE and spec.kinds.get(n.out.id) in (Kind.COL, Kind.SCALAR):
             em.node(n, chunk)
 
 

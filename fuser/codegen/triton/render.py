@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from fuser.codegen.header import header_lines
 from fuser.codegen.triton.templates import (
     FLOAT_MATH,
@@ -21,9 +23,9 @@ from fuser.codegen.triton.templates import (
 )
 from fuser.codegen.writer import Writer
 from fuser.errors import CompileError
-from fuser.ir.dtypes import DType
+from fuser.ir.dtypes import DType, promote
 from fuser.ir.graph import Node, Value
-from fuser.ir.ops import ELEMENTWISE, REDUCE, Op
+from fuser.ir.ops import COMPARE, ELEMENTWISE, LOGICAL, REDUCE, UNARY_BOOL, Op
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import Arg, KernelSpec
 from fuser.segmenter import Kind
@@ -32,13 +34,17 @@ from fuser.segmenter import Kind
 # before each JIT launch, and NaN != NaN ("Global variable NAN has changed"; the H100
 # fuzz soak hit it 69 times). The nan_() helper builds it from its bits instead.
 CONSTANTS = {"NEG_INF": 'float("-inf")', "POS_INF": 'float("inf")'}
+HALF = (DType.float16, DType.bfloat16)
 
 
 def _literal(value: object, dtype: DType) -> str:
+    """`value` as a literal of `dtype` (a 16-bit float holds that dtype's rounding of it)."""
     if dtype == DType.bool:
         return "True" if value else "False"
     if dtype.is_float:
         v = float(value)
+        if dtype in HALF and math.isfinite(v):
+            v = float(torch.tensor(v, dtype=dtype.torch))
         if math.isnan(v):
             return "nan_()"
         if math.isinf(v):
@@ -54,6 +60,26 @@ def _identity(op: Op, dtype: DType) -> str:
         return "NEG_INF" if op == Op.MAX else "POS_INF"
     bound = 2**63 - 1 if dtype == DType.int64 else 2**31 - 1
     return str(-bound - 1 if op == Op.MAX else bound)
+
+
+def operand_dtype(node: Node) -> DType | None:
+    """The dtype torch computes elementwise `node` in: its operands' common dtype (None
+    for logical_and/or, which test their operands for nonzero)."""
+    if node.op in LOGICAL:
+        return None
+    if node.op in COMPARE:
+        xs = node.inputs
+        return promote([x.dtype for x in xs if x.rank], [x.dtype for x in xs if not x.rank])
+    if node.op in UNARY_BOOL:
+        return node.inputs[0].dtype
+    return node.out.dtype
+
+
+def compute_dtype(dtype: DType) -> DType:
+    """The dtype a kernel computes values of `dtype` in: 16-bit floats in float32 (as
+    eager's opmath; Triton's interpreter also keeps bfloat16 as uint16 bits, and compares
+    and selects those as integers)."""
+    return DType.float32 if dtype in HALF else dtype
 
 
 def _acc_dtype(dtype: DType) -> str:
@@ -129,23 +155,78 @@ class TritonKernelWriter:
 
     def elementwise(self, node: Node, chunk: Chunk | None) -> None:
         out = node.out
-        args = [self.name(v, chunk) for v in node.inputs]
         if node.op == Op.CAST:
-            expr = f"{args[0]}.to({TL_DTYPE[out.dtype]})"
-            if node.inputs[0].id in self.consts:  # fold: the literal in the new dtype
-                expr = _literal(self.consts[node.inputs[0].id].attr("value"), out.dtype)
+            expr = self.cast(node.inputs[0], out.dtype, chunk)
         else:
-            half = out.dtype in (DType.float16, DType.bfloat16)
-            if half and node.op in FLOAT_MATH:
-                args = [
-                    f"{a}.to(tl.float32)" if v.id not in self.consts else a
-                    for a, v in zip(args, node.inputs)
-                ]
-            expr = render_op(node.op, args)
-            if half and node.op in FLOAT_MATH or node.op == Op.WHERE:
+            common = operand_dtype(node)
+            values = node.inputs[1:] if node.op == Op.WHERE else node.inputs
+            if common is None:  # logical_and/or: each operand as a truth value
+                compute, args = DType.bool, [self.truth(v, chunk) for v in values]
+            else:
+                compute = compute_dtype(common)
+                args = [self.operand(v, chunk, node, common) for v in values]
+            if node.op == Op.WHERE:
+                args.insert(0, self.name(node.inputs[0], chunk))
+            if node.op == Op.POW:
+                args = self.pow_operands(node, args, chunk)
+            expr = render_op(node.op, args, compute)
+            if out.dtype != DType.bool and compute != out.dtype:
                 expr = f"({expr}).to({TL_DTYPE[out.dtype]})"
         self.helpers.update(helper_names(expr))
         self.w.line(f"{self.name(out, chunk)} = {expr}")
+
+    def operand(self, v: Value, chunk: Chunk | None, node: Node, common: DType) -> str:
+        """`v` as an operand of `node`, whose operands' common dtype is `common`.
+
+        Tiles are converted to the compute dtype: Triton would otherwise pick its own
+        (float16 for float16 op bfloat16, where torch takes float32; tl.div_rn rejects
+        float32 with float16). Comparisons round a wider operand to `common` first, as
+        eager does (bf16(0.1) == 0.1 is true). A constant stays a literal, which Triton
+        takes in the other operand's dtype; outside arithmetic it holds `common`'s
+        rounding of its value, as eager's (arithmetic keeps the value the builder gave).
+        """
+        compute = compute_dtype(common)
+        if v.id in self.consts:
+            n = self.consts[v.id]
+            dtype = n.attr("dtype") if node.op in FLOAT_MATH else common
+            return _literal(n.attr("value"), dtype)
+        x = self.name(v, chunk)
+        if node.op in COMPARE and v.dtype != common and compute != common:
+            x = f"{x}.to({TL_DTYPE[common]})"
+        return x if v.dtype == compute else f"{x}.to({TL_DTYPE[compute]})"
+
+    def pow_operands(self, node: Node, args: list[str], chunk: Chunk | None) -> list[str]:
+        """pow's operands with a literal one made a tile of the other's shape: the pow_
+        helper broadcasts its operands before it `&`s comparisons of both (a GPU makes the
+        same code of a literal)."""
+        lit = [v.id in self.consts for v in node.inputs]
+        if lit[0] == lit[1]:
+            return args
+        i = lit.index(True)
+        shape = f"{self.name(node.inputs[1 - i], chunk)}.shape"
+        spread = f"tl.full({shape}, {args[i]}, {TL_DTYPE[compute_dtype(node.out.dtype)]})"
+        return [spread, args[1]] if i == 0 else [args[0], spread]
+
+    def truth(self, v: Value, chunk: Chunk | None) -> str:
+        """`v` as a bool (nonzero), an operand of logical_and/or."""
+        if v.id in self.consts:
+            return _literal(self.consts[v.id].attr("value"), DType.bool)
+        x = self.name(v, chunk)
+        if v.dtype == DType.bool:
+            return x
+        compute = compute_dtype(v.dtype)
+        return f"({x if v.dtype == compute else f'{x}.to({TL_DTYPE[compute]})'} != 0)"
+
+    def cast(self, src: Value, dst: DType, chunk: Chunk | None) -> str:
+        if src.id in self.consts:  # fold: the literal in the new dtype
+            return _literal(self.consts[src.id].attr("value"), dst)
+        x = self.name(src, chunk)
+        # to a 16-bit float through float32, as torch (c10 converts doubles and integers
+        # to float first: float64 1 + 2^-8 + 2^-30 gives bf16 1.0, not 1.0078125); Triton's
+        # interpreter also converts to bfloat16 only from float32 (it copies bits else)
+        if dst in HALF and src.dtype not in (DType.float32, dst):
+            x = f"{x}.to(tl.float32)"
+        return f"{x}.to({TL_DTYPE[dst]})"
 
     def broadcast(self, node: Node, chunk: Chunk | None) -> None:
         # tiles broadcast by shape ([R,1] with [R,C]); only name the alias

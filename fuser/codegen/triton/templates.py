@@ -56,8 +56,11 @@ BINARY: dict[Op, E] = {
     Op.LE: lambda a, b: f"({a} <= {b})",
     Op.GT: lambda a, b: f"({a} > {b})",
     Op.GE: lambda a, b: f"({a} >= {b})",
-    Op.LOGICAL_AND: lambda a, b: f"({a} & {b})",
-    Op.LOGICAL_OR: lambda a, b: f"({a} | {b})",
+    # not `&`/`|`: Triton's interpreter cannot `&` a tile with a 0-d comparison (numpy
+    # bitwise_and on the float data it labels the result with); a GPU compiles a select
+    # of a constant i1 to the same and/or
+    Op.LOGICAL_AND: lambda a, b: f"tl.where({a}, {b}, False)",
+    Op.LOGICAL_OR: lambda a, b: f"tl.where({a}, True, {b})",
 }
 REDUCE_FN = {Op.SUM: "tl.sum", Op.MAX: "tl.max", Op.MIN: "tl.min"}
 # float max/min reduce with a NaN-propagating combine (tl.max drops NaN; torch.amax keeps it)
@@ -71,7 +74,8 @@ def reduce_call(op: Op, dtype: DType, operand: str, axis: int) -> str:
     return f"{REDUCE_FN[op]}({operand}, axis={axis}, keep_dims=True)"
 
 
-# ops that compute in float32 when their dtype is half or bfloat16
+# arithmetic: its constants keep the value the builder gave them (the builder rounds a
+# scalar added to a 16-bit tensor; eager CPU mul/div keep it unrounded)
 FLOAT_MATH = set(UNARY) | {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW}
 
 # Helpers written in tl.* only, so they run in the interpreter and compile alike.
@@ -107,6 +111,9 @@ def min_nan(a, b):
     "pow_": """@triton.jit
 def pow_(a, b):
     # a**b = exp2(b * log2|a|), with the sign of a for integral b, and a**0 = 1
+    # (a 0-d a or b made a tile first: Triton's interpreter cannot `&` a tile with a 0-d
+    # comparison; a GPU splats it either way)
+    a, b = tl.broadcast(a, b)
     mag = tl.exp2(b * tl.log2(tl.abs(a)))
     integral = tl.floor(b) == b
     odd = integral & (tl.floor(b * 0.5) * 2.0 != b)
@@ -123,7 +130,18 @@ def helper_names(expr: str) -> list[str]:
     return [name for name in HELPERS if re.search(rf"(?<![\w.]){name}\b", expr)]
 
 
-def render_op(op: Op, args: list[str]) -> str:
+# tl.div_rn and tl.sqrt_rn take float32 only; float64's `/` and tl.sqrt round correctly
+# (div.rn.f64, sqrt.rn.f64)
+FLOAT64: dict[Op, E] = {
+    Op.DIV: lambda a, b: f"({a} / {b})",
+    Op.SQRT: lambda x: f"tl.sqrt({x})",
+}
+
+
+def render_op(op: Op, args: list[str], dtype: DType | None = None) -> str:
+    """`op` of the expressions `args`, computed in `dtype`."""
+    if dtype == DType.float64 and op in FLOAT64:
+        return FLOAT64[op](*args)
     if op in UNARY:
         return UNARY[op](*args)
     if op in BINARY:
