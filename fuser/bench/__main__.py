@@ -15,6 +15,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -149,14 +150,19 @@ def main(argv: list[str] | None = None) -> int:
         resources=not args.no_resources,
     )
     rows: list[dict] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.out / "results.partial.jsonl"  # grows as measurements come in
+    partial.unlink(missing_ok=True)
 
     def emit(r: dict) -> None:
         rows.append(r)
         print(line(r), flush=True)
+        with open(partial, "a") as f:
+            f.write(json.dumps(r) + "\n")
 
     run(opts, emit)
-    args.out.mkdir(parents=True, exist_ok=True)
     write_jsonl(rows, args.out / "results.jsonl")
+    partial.unlink(missing_ok=True)
     reg = regret(rows)
     if reg:
         write_jsonl(reg, args.out / "regret.jsonl")
