@@ -12,7 +12,7 @@ from fuser.schedulers.registers import (
     working_registers,
 )
 from fuser.schedulers.schedule import Estimate, Schedule
-from fuser.schedulers.spec import KernelSpec
+from fuser.schedulers.spec import Arg, KernelSpec
 
 # A persistent row keeps at most this many buffer registers per thread; beyond it the
 # row is looped instead (nvFuser budgets about half of the 255 for buffers).
@@ -39,27 +39,46 @@ def pow2_ceil(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def vector_width(spec: KernelSpec, reasons: list[str]) -> int:
-    """Elements per access: 16 bytes where every FULL tensor's rows allow it."""
+def arg_vector(spec: KernelSpec, a: Arg, v: int) -> int:
+    """The widest vector up to `v` whose accesses of `a` start aligned in every row."""
+    while v > 1 and (
+        a.col_stride != 1
+        or (spec.rows > 1 and a.row_stride % v)
+        or a.align % min(v * a.dtype.itemsize, 16)
+    ):
+        v //= 2
+    return v
+
+
+def vector_width(spec: KernelSpec, reasons: list[str], masked_tail: bool = True) -> int:
+    """Elements per access: 16 bytes where every FULL input's rows allow it.
+
+    The loads decide (the kernel waits on them); an output whose rows allow less gets
+    narrower stores (the CUDA renderer packs each argument as its alignment allows,
+    Triton vectorizes what its alignment analysis proves). Only the row starts must be
+    aligned: the row's last partial vector is masked when `masked_tail` (the renderers
+    predicate each element of a slot that straddles the row end); without it the vector
+    must also divide the column count.
+    """
     fulls = spec.full_args()
     widest = max((a.dtype.itemsize for a in fulls), default=4)
     v = max(16 // widest, 1)
-    limits = []
-    for a in fulls:
-        while v > 1 and (
-            a.col_stride != 1
-            or (spec.rows > 1 and a.row_stride % v)
-            or a.align % min(v * a.dtype.itemsize, 16)
-        ):
-            v //= 2
-            limits.append(a.name)
-    while v > 1 and spec.cols % v:
+    loads = [a for a in fulls if not a.is_output] or fulls
+    limits = [a.name for a in loads if arg_vector(spec, a, v) < v]
+    v = min((arg_vector(spec, a, v) for a in loads), default=v)
+    aligned = v
+    while not masked_tail and v > 1 and spec.cols % v:
         v //= 2
     why = f"vector {v}: {v * widest} bytes per access of the widest tensor ({widest} B elements)"
     if limits:
         why += f"; narrowed by stride/alignment of {', '.join(sorted(set(limits)))}"
-    if spec.cols % (16 // widest):
-        why += f"; {spec.cols} columns allow no wider vector"
+    narrow = sorted({a.name for a in fulls if a.is_output and arg_vector(spec, a, v) < v})
+    if narrow:
+        why += f"; narrower stores to {', '.join(narrow)} (their rows start unaligned)"
+    if v < aligned:
+        why += f"; {spec.cols} columns allow no wider vector (this kernel has no masked tail)"
+    elif spec.cols % v:
+        why += f"; rows aligned: vector {v} with a masked tail of {spec.cols % v} column(s)"
     reasons.append(why)
     return v
 
@@ -248,10 +267,12 @@ def _inner_schedule(
 
 
 def _inner_candidates(spec: KernelSpec, dev: Device, v: int) -> list[tuple]:
+    # a candidate must fit on an SM at all (1024 threads x 95 registers does not: a
+    # 16-byte vector lets 8 chunks cover 50257 columns, too many registers for one block)
     return [
         c
         for c in _persistent_candidates(spec, dev, v)
-        if c[7] <= MAX_BUFFER_REGISTERS and c[6] < 255
+        if c[7] <= MAX_BUFFER_REGISTERS and c[6] < 255 and dev.blocks_per_sm(c[0] * c[1], c[6])
     ]
 
 
@@ -310,7 +331,8 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: str = "triton") -> Sc
         # (H100: 8192x20480 12% faster; at 2+ blocks/SM, 12288 and 16384, 5-7% slower).
         pre = _inner_schedule(spec, dev, v, best, list(reasons), prefetch=True)
         assert pre.estimate is not None
-        if pre.estimate.blocks_per_sm >= 1 and pre.estimate.registers < 255:
+        fits = dev.blocks_per_sm(tpr * rpb, pre.estimate.registers) >= 1
+        if fits and pre.estimate.registers < 255:
             reasons.append(
                 f"prefetch: one block per SM; {pre.grid[0]} resident programs each load "
                 "their next row while reducing this one"
@@ -365,9 +387,11 @@ def schedule_outer(
     tile: int | None = None,
     warps: int = 8,
     blocks_per_sm: int = 4,
+    backend: str = "triton",
 ) -> Schedule:
     reasons: list[str] = []
-    v = vector_width(spec, reasons)
+    # the CUDA split reduction moves whole vectors of partial sums (no masked tail)
+    v = vector_width(spec, reasons, masked_tail=backend != "cuda")
     chunk = min(pow2_ceil(spec.cols), tile or 32 * v * 2)
     tpr = max(chunk // v, 1)
     rpb = max(1, min(32, (warps * 32 * 16) // chunk, pow2_ceil(spec.rows)))
@@ -400,7 +424,7 @@ def schedule_outer(
 
 def choose_schedule(spec: KernelSpec, dev: Device, backend: str = "triton") -> Schedule:
     if spec.layout.outer:
-        return schedule_outer(spec, dev)
+        return schedule_outer(spec, dev, backend=backend)
     if spec.layout.inner:
         return schedule_inner(spec, dev, backend)
     return schedule_pointwise(spec, dev)
@@ -414,11 +438,11 @@ def candidate_schedules(spec: KernelSpec, dev: Device, backend: str = "triton") 
     """
     out: list[Schedule] = []
     if spec.layout.outer:
-        v = vector_width(spec, [])
+        v = vector_width(spec, [], masked_tail=backend != "cuda")
         for tile in sorted({32 * v, 64 * v, 128 * v, min(pow2_ceil(spec.cols), 2048)}):
             for warps in (4, 8):
                 for bps in (2, 4, 8):
-                    out.append(schedule_outer(spec, dev, tile, warps, bps))
+                    out.append(schedule_outer(spec, dev, tile, warps, bps, backend))
     elif spec.layout.inner:
         v_best = vector_width(spec, [])
         for v in sorted({v_best, max(v_best // 2, 1)}):

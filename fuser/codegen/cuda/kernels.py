@@ -358,7 +358,8 @@ def _emit_looped_nest(kw: CudaKernelWriter, nest: Nest, pairs: list[OnlinePair])
                         kw.w.line(f"const {COMPUTE[a.dtype]} {a.name} = {e};")
                 for n in x_cone:
                     kw.define(n)
-                with kw.w.block(f"if ({r.col_ok}) {{", "}") if r.col_ok else nullcontext():
+                ok = kw.element_ok(r)
+                with kw.w.block(f"if ({ok}) {{", "}") if ok else nullcontext():
                     _online_update(kw, maxes, pairs)
 
 

@@ -253,6 +253,33 @@ class CudaKernelWriter:
         stmt = f"{el} = {mem};" if load else f"{mem} = {el};"
         return ["#pragma unroll", f"for (int k = 0; k < {width}; ++k) {stmt}"]
 
+    def partial(self, r: Region) -> bool:
+        """True when a guarded slot of `r` may straddle the row end (its first column in
+        the row, its last not): the column count is not a multiple of the slot width."""
+        return bool(r.col_ok) and self.spec.cols % r.width != 0
+
+    def element_ok(self, r: Region) -> str | None:
+        """The column guard of element i of a slot of `r`."""
+        return "col + i < COLS" if self.partial(r) else r.col_ok
+
+    def slot_access(self, a: Arg, r: Region, arr: str, load: bool) -> list[str]:
+        """access() for one slot of `r`; the slot straddling the row end falls back to
+        element-by-element accesses, each predicated (a packed one would cross it)."""
+        stmts = self.access(a, r.width, arr, load)
+        if a.kind not in (Kind.FULL, Kind.COL) or not self.partial(r):
+            return stmts
+        step = "k" if a.col_stride == 1 else f"k * {a.col_stride}"
+        mem, el = f"{a.name}_ptr[{self.offset(a)} + {step}]", f"{arr}[k]"
+        one = f"{el} = {mem};" if load else f"{mem} = {el};"
+        return [
+            f"if (col + {r.width} <= COLS) {{",
+            *(self.w.unit + x for x in stmts),
+            "} else {",
+            self.w.unit + "#pragma unroll",
+            f"{self.w.unit}for (int k = 0; k < {r.width}; ++k) if (col + k < COLS) {one}",
+            "}",
+        ]
+
     def guard(self, a: Arg, region: Region) -> str | None:
         parts = []
         if a.kind in (Kind.FULL, Kind.ROW) and region.row_ok:
@@ -385,7 +412,7 @@ class CudaKernelWriter:
                     if a.kind == Kind.ROW:
                         stmts = [f"{a.name}_v{slot} = {a.name}_ptr[{self.offset(a)}];"]
                     else:
-                        stmts = self.access(a, r.width, f"{a.name}_v{slot}", True)
+                        stmts = self.slot_access(a, r, f"{a.name}_v{slot}", True)
                     self.guarded(self.guard(a, guards), stmts)
 
     def emit_compute(self, nest: Nest) -> None:
@@ -417,7 +444,7 @@ class CudaKernelWriter:
             elif a.kind == Kind.COL:
                 guard = self.guard(a, r)
                 w.line(f"{MEMORY[a.dtype]} {a.name}_v[{r.width}]{' = {}' if guard else ''};")
-                self.guarded(guard, self.access(a, r.width, f"{a.name}_v", True))
+                self.guarded(guard, self.slot_access(a, r, f"{a.name}_v", True))
         for n in row_nodes:
             self.define(n)
         for a in outs:
@@ -442,7 +469,7 @@ class CudaKernelWriter:
                         w.line(f"const {COMPUTE[a.dtype]} {a.name} = {e};")
             for n in elem_nodes:
                 self.define(n)
-            guard = r.col_ok if nest.reduce_guard == "col" else r.row_ok
+            guard = self.element_ok(r) if nest.reduce_guard == "col" else r.row_ok
             for n in nest.reductions:
                 x, acc = n.inputs[0], nest.acc(n)
                 stmt = f"{acc} = {combine(n.op, acc, self.operand(x, acc_type(x.dtype)))};"
@@ -451,7 +478,7 @@ class CudaKernelWriter:
                 w.line(f"{a.name}_o[i] = {to_memory(self.ref(a.value), a.dtype)};")
         for a in vec_outs:
             cond = [c for c in (self.guard(a, r), nest.store_when.get(a.kind)) if c]
-            self.guarded(" && ".join(cond) or None, self.access(a, r.width, f"{a.name}_o", False))
+            self.guarded(" && ".join(cond) or None, self.slot_access(a, r, f"{a.name}_o", False))
 
     # -- cones ---------------------------------------------------------------------------
     def cone(self, targets: Iterable[Value], stop: Callable[[Value], bool]) -> list[Node]:
