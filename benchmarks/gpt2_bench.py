@@ -84,6 +84,37 @@ def profile(kept: dict, name: str, batch: tuple, steps: int, path: Path) -> None
     path.write_text(f"{name}: {steps} steps\n{table}\n")
 
 
+def host_profile(kept: dict, name: str, batch: tuple, steps: int, path: Path) -> None:
+    """Where the host's time goes in `steps` more training steps (cProfile, by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    model, opt = kept["model"], kept["opt"]
+    cuda = torch.cuda.is_available() and batch[0].is_cuda
+    if cuda:
+        torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    t0 = time.perf_counter()
+    pr.enable()
+    for _ in range(steps):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=kept["amp"]):
+            _, loss = model(*batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    pr.disable()
+    host = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize()
+    out = io.StringIO()
+    stats = pstats.Stats(pr, stream=out)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    head = f"{name}: {steps} steps, {host / steps * 1e3:.1f} ms of host time per step"
+    path.write_text(f"{head}\n{out.getvalue()}")
+
+
 def run_impl(impl: str, args: argparse.Namespace, batches: list, out_dir: Path) -> RunResult:
     torch._dynamo.reset()  # each implementation compiles from scratch, frees the last one's
     model = fresh_model(args.config, args.device, args.vocab, args.seed)
@@ -110,6 +141,12 @@ def run_impl(impl: str, args: argparse.Namespace, batches: list, out_dir: Path) 
         (out_dir / "gpt2_fuser_explain.txt").write_text(text + "\n")
         brief = fuser.explain(model, print_it=False, brief=True)
         (out_dir / "gpt2_fuser_explain_brief.txt").write_text(brief + "\n")
+    if args.host_profile_steps:
+        try:
+            path = out_dir / f"gpt2_host_{impl}.txt"
+            host_profile(kept, impl, batches[0], args.host_profile_steps, path)
+        except Exception:
+            print(f"host profiling {impl} failed:\n{traceback.format_exc()[-2000:]}", flush=True)
     if args.profile_steps:
         try:
             path = out_dir / f"gpt2_profile_{impl}.txt"
@@ -182,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile-steps", type=int, default=3, help="0 skips the CUDA profiles")
+    ap.add_argument(
+        "--host-profile-steps", type=int, default=0, help="cProfile of the host for N steps"
+    )
     ap.add_argument("--check-steps", type=int, default=1, help="0 skips the check pass")
     ap.add_argument("--verbose", action="store_true", help="print every step")
     ap.add_argument("--device", default="cuda", help="cpu only to smoke-test this script")
