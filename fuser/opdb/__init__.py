@@ -4,6 +4,7 @@ compiled with torch.compile(backend=FuserBackend()) and compared with eager.
     python -m fuser.opdb                                   # everything, on CPU (interpreter)
     python -m fuser.opdb --ops add softmax --max-samples 3 --json out.json
     python -m fuser.opdb --device cuda                     # on a GPU
+    python -m fuser.opdb --shard 0/4 --json s0.json        # a quarter of the targets
 
 claims.py: the claimed ops (from the lowering tables) and the OpInfos that exercise them;
 run.py: one sample compiled vs eager, counted as passed (a fused region ran and matched),
@@ -43,9 +44,12 @@ def run(
     max_samples: int | None = None,
     only: int | None = None,
     progress: Callable[[OpReport], None] | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> tuple[list[OpReport], list[str]]:
-    """Every target's report, and the claimed ops that no OpInfo exercises."""
+    """Every target's report (of shard k of n: every n-th target from the k-th), and the
+    claimed ops that no OpInfo exercises."""
     found, orphans = targets(ops)
+    found = found[shard[0] :: shard[1]]
     reports = []
     for t in found:
         r = run_target(t, dtypes or DEFAULT_DTYPES, device, max_samples, only)

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         help="per op and dtype, spread over the sample list (first and last included)",
     )
     p.add_argument("--sample", type=int, default=None, help="only the sample of this index")
+    p.add_argument("--shard", default="0/1", help="K/N: every N-th target from the K-th")
     p.add_argument("--json", default=None, help="write every sample's result here")
     p.add_argument("-v", "--verbose", action="store_true", help="print every sample")
     a = p.parse_args(argv)
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                 if s.status == "failed":
                     print(f"      repro: {s.repro}")
 
-    reports, orphans = run(a.ops, dtypes, a.device, a.max_samples, a.sample, progress)
+    k, n = (int(x) for x in a.shard.split("/"))
+    reports, orphans = run(a.ops, dtypes, a.device, a.max_samples, a.sample, progress, (k, n))
     print(summary_text(reports, orphans, time.perf_counter() - t0))
     if a.json:
         with open(a.json, "w") as f:
