@@ -133,12 +133,15 @@ def check(fd: FusionDefinition, inputs: list[torch.Tensor]) -> None:
         assert o.dtype == r.dtype and o.shape == r.shape, (i, o.dtype, r.dtype)
         half = {F16: 1e-3, BF16: 8e-3}
         rtol = half.get(r.dtype) or tolerance(dtype_of(r.dtype), n)[1]
-        # relative: a softmax row of 33001 holds probabilities near 3e-5
+        # relative: a softmax row of 33001 holds probabilities near 3e-5; absolute: a
+        # few rounding steps of the output's scale (a layernorm's w * x_hat + b lands
+        # near 0 by cancellation, where an FMA on the GPU rounds once and ATen twice)
         fi = torch.finfo(r.dtype)
+        scale = r.float().abs().nan_to_num(posinf=0.0).max().item() if r.numel() else 0.0
         torch.testing.assert_close(
             o.cpu(),
             r.cpu(),
-            atol=max(2 * fi.smallest_normal * fi.eps, rtol * 1e-3),
+            atol=max(2 * fi.smallest_normal * fi.eps, rtol * 1e-3, 8 * fi.eps * scale),
             rtol=rtol,
             equal_nan=True,
             msg=lambda m, i=i: f"output {i} of {fd.name}: {m}",
