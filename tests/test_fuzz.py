@@ -633,3 +633,35 @@ def _original() -> object:
 
 
 _ORIGINAL = _original()
+
+
+# -- GPU soak of 2026-11-22 (seed 11, 8199 fusions): its two mismatches -----------------
+def test_pow_near_the_float32_overflow_is_accurate() -> None:
+    """pow with results near 2**128: the float32 exp2(b * log2 a) of the GPU was ~1e-5
+    off and stayed finite where torch's powf overflows (batch seed 11800000)."""
+    g = torch.Generator().manual_seed(11)
+    a = torch.rand(2000, generator=g) * 50 + 1.5
+    b = (127.99 / torch.log2(a)) * (1 + (torch.rand(2000, generator=g) - 0.5) * 2e-4)
+    fd = define(
+        lambda fd: fd.add_output(fd.ops.pow(fd.define_tensor([-1]), fd.define_tensor([-1])))
+    )
+    (got,) = fd.execute([a.to(DEVICE), b.to(DEVICE)])
+    exact = torch.pow(a.double(), b.double())
+    fmax = torch.finfo(torch.float32).max
+    clear = (exact - fmax).abs() > 4 * fmax * torch.finfo(torch.float32).eps
+    assert bool(clear.sum() > 1500) and bool((exact[clear] > fmax).any())
+    want = exact.float()  # correctly rounded, inf past the largest float
+    torch.testing.assert_close(got.cpu()[clear], want[clear], rtol=4e-7, atol=0.0)
+
+
+def test_chaotic_elements_are_not_judged() -> None:
+    """cos of a 1e9 argument, renormalized (batch seed 12500001): perturbing each op by a
+    few eps moves the float64 answer across the output's whole range, so no float32 value
+    is wrong there; an element that perturbations barely move still is."""
+    ref64 = torch.tensor([0.0105, 0.5, -0.7], dtype=torch.float64)
+    eager = torch.tensor([0.1325, 0.5, -0.7])
+    moved = [ref64 + torch.tensor([1.26, 0.0, 0.0], dtype=torch.float64)]
+    got = torch.tensor([-1.39, 0.5, -0.7])
+    assert compare_output(0, got, eager, ref64, moved, 16) is None
+    bad = torch.tensor([-1.39, 0.9, -0.7])
+    assert "out of tolerance" in (compare_output(0, bad, eager, ref64, moved, 16) or "")

@@ -39,6 +39,7 @@ from fuser.ir.ops import COMPOSITE, REDUCE, Op
 from fuser.passes import run_pipeline
 
 PERTURB_ULPS = {torch.float32: 16.0, torch.float16: 2.0, torch.bfloat16: 2.0}
+CHAOTIC_FRACTION = 0.25
 EAGER_ERROR_FACTOR = 3.0
 MAX_REPORTED = 3  # worst elements shown per output
 
@@ -255,7 +256,9 @@ def compare_output(
         p64 = p.double()
         near = g64.isfinite() & p64.isfinite() & ((g64 - p64).abs() <= atol + 2 * rtol * p64.abs())
         odd &= ~_same_class(g64, p64) & ~near
-    odd &= ~(g64.isinf() & near_max)  # the largest finite value rounding to inf, or not
+    # the largest finite value rounding to inf, or not (either side)
+    g_near_max = g64.abs() >= fmax * (1 - 4 * torch.finfo(e.dtype).eps)
+    odd &= ~(g64.isinf() & near_max) & ~(e64.isinf() & g_near_max)
     nan_bad = odd & (g64.isnan() | e64.isnan())
     inf_bad = odd & ~nan_bad
     err = (g64 - e64).abs()
@@ -263,6 +266,12 @@ def compare_output(
     val_bad = finite & (err > allowed)
     b64 = best.double()
     val_bad &= ~((g64 - b64).abs() <= atol + rtol * b64.abs() + sensitivity)  # as ideal
+    # chaotic elements: where perturbing every op by a few eps moves the float64 answer
+    # by a quarter of the output's whole scale (cos of 1e9, renormalized), float32 has no
+    # answer to compare; NaN and inf placement is still checked above
+    scale = r64[ok_r].abs().max().item() if bool(ok_r.any()) else 0.0
+    if scale > 0:
+        val_bad &= ~(sensitivity >= CHAOTIC_FRACTION * scale)
     bad = nan_bad | inf_bad | val_bad
     if not bad.any():
         return None

@@ -45,6 +45,8 @@ def check_case(case: FuzzCase, device: str = "cpu", runs: int = 1) -> Outcome:
         return Outcome("invalid", [f"{type(e).__name__}: {e}"])
     try:
         problems = compare(fd, inputs, runs=runs)
+    except torch.cuda.OutOfMemoryError as e:  # workers sharing one GPU: not a fuser bug
+        return Outcome("oom", [f"OutOfMemoryError: {str(e)[:200]}"])
     except Exception as e:
         tb = traceback.format_exc(limit=-4)
         return Outcome("error", [f"{type(e).__name__}: {str(e)[:2000]}\n{tb}"])
@@ -67,6 +69,7 @@ class Stats:
     fusions: int = 0  # cases checked while generating
     shrink_runs: int = 0  # cases checked while shrinking a failure
     invalid: int = 0
+    out_of_memory: int = 0  # cases skipped: the GPU's memory was taken by other workers
     seconds: float = 0.0
     batches: list[dict[str, Any]] = field(default_factory=list)
     kinds: Counter = field(default_factory=Counter)
@@ -113,6 +116,9 @@ def run_batch(
             return  # out of time: let hypothesis wind down
         out = check_case(case, device, runs)
         count["shrink" if shrinking else "generate"] += 1
+        if out.status == "oom":
+            stats.out_of_memory += 1
+            return
         if out.status == "invalid":
             stats.invalid += 1
             if len(stats.invalid_examples) < 5:

@@ -112,9 +112,12 @@ def min_nan(a, b):
 def pow_(a, b):
     # a**b = exp2(b * log2|a|), with the sign of a for integral b, and a**0 = 1
     # (a 0-d a or b made a tile first: Triton's interpreter cannot `&` a tile with a 0-d
-    # comparison; a GPU splats it either way)
+    # comparison; a GPU splats it either way). The exp2 and log2 run in float64: in
+    # float32 the GPU's approximate log2 is off by ~2**-22 absolute, which b multiplies
+    # (a result near 2**127 came out 1e-5 off and finite where torch's powf overflows)
     a, b = tl.broadcast(a, b)
-    mag = tl.exp2(b * tl.log2(tl.abs(a)))
+    wide = tl.exp2(b.to(tl.float64) * tl.log2(tl.abs(a).to(tl.float64)))
+    mag = wide.to(a.dtype)
     integral = tl.floor(b) == b
     odd = integral & (tl.floor(b * 0.5) * 2.0 != b)
     signed = tl.where((a < 0) & odd, -mag, mag)
