@@ -124,6 +124,9 @@ def _single(args: argparse.Namespace, device: str) -> dict[str, Any]:
     return out
 
 
+PARTIAL_EVERY_S = 30.0  # the merged report is rewritten this often while workers run
+
+
 def _parallel(args: argparse.Namespace, device: str, workers: int, folder: Path) -> dict[str, Any]:
     """`workers` processes of the single mode, one kernel cache folder, merged reports.
 
@@ -151,8 +154,15 @@ def _parallel(args: argparse.Namespace, device: str, workers: int, folder: Path)
     running = {w: spawn(w, args.seconds) for w in range(workers)}
     codes: dict[int, int] = {}
     spawned = workers
+    last_write = time.monotonic()
     while running:
         time.sleep(0.5)
+        if args.json and time.monotonic() - last_write > PARTIAL_EVERY_S:
+            # what the workers wrote so far: a run cut off from outside keeps its counts
+            parts = [_read(folder / f"w{w}.json") for w in range(spawned)]
+            partial = _merge(args, device, parts, [codes.get(w, -1) for w in range(spawned)])
+            _write(args.json, {**partial, "partial": True})
+            last_write = time.monotonic()
         for w, p in list(running.items()):
             if time.monotonic() > deadline and p.poll() is None:
                 p.kill()  # stuck past its budget (a hung kernel?): keep what it wrote
@@ -187,8 +197,9 @@ def _merge(
     out["worker_exit_codes"] = codes
     out["lost_workers"] = [i for i, p in enumerate(parts) if p is None]
     out["cuda_lost_workers"] = [i for i, p in enumerate(parts) if p and p.get("cuda_lost")]
-    for key in ("fusions", "shrink_runs", "invalid", "fallback_segments", "mismatches", "errors"):
-        out[key] = sum(p[key] for p in parts if p)
+    counts = ("fusions", "shrink_runs", "invalid", "fallback_segments", "mismatches", "errors")
+    for key in (*counts, "out_of_memory"):
+        out[key] = sum(p.get(key, 0) for p in parts if p)
     for key in ("batches", "failures", "invalid_examples"):
         out[key] = [x for p in parts if p for x in p[key]]
     for key in ("kinds", "known"):
@@ -209,6 +220,7 @@ def _print(report: dict[str, Any]) -> None:
         f"{report['workers']} worker(s), {report['seconds']:.0f}s: "
         f"{report['fusions']} fusions checked (+{report['shrink_runs']} while shrinking), "
         f"{report['mismatches']} mismatch(es), {report['errors']} error(s), "
+        f"{report.get('out_of_memory', 0)} skipped (GPU memory taken by other workers), "
         f"{report['invalid']} generator failure(s)"
     )
     print(f"seed {report['seed']}: {len(seeds)} batches, batch seeds {_ranges(seeds)}")
