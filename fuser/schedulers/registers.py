@@ -18,6 +18,13 @@ from fuser.schedulers.spec import KernelSpec
 # of the warps (the cross-warp reduction). Estimates landed within 10% of ptxas.
 BASE_OVERHEAD = 22
 PER_CHUNK = 2
+# A one-warp block (both backends declare 32 threads: Triton's .reqntid 32, the CUDA
+# renderer's __launch_bounds__) is limited by the SM's 32 resident blocks, not by registers:
+# up to 65536 / (32 x 32) = 64 a thread cost no occupancy, and ptxas spends ~8 more on a
+# persistent row there (Triton, seed fusion, tpr32 rpb1: batch 2 est 42 -> ptxas 50, batch 3
+# 52 -> 62, batch 4 62 -> 64; batch 5 at 72 is as modelled; two warps stay near the base).
+ONE_WARP_SLACK = 8
+ONE_WARP_FREE_REGISTERS = 64
 # exp/log/erf/tanh expand into several instructions with live temporaries
 TRANSCENDENTAL = {Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.LOG1P, Op.TANH, Op.ERF, Op.POW, Op.SIGMOID}
 
@@ -82,7 +89,18 @@ def estimate_registers(
     """(total, buffer) registers per thread for `elements_per_thread` row elements."""
     buf = buffer_registers(spec, elements_per_thread) if persistent else 0
     work = buf if persistent and buf else working_registers(spec, elements_per_thread)
-    return min(overhead(spec, chunks, warps) + work, 255), buf
+    regs = overhead(spec, chunks, warps) + work
+    if buf and warps == 1:
+        regs = one_warp_registers(regs)
+    return min(regs, 255), buf
+
+
+def one_warp_registers(regs: int) -> int:
+    """What ptxas spends on a persistent row in a one-warp block estimated at `regs`:
+    ~ONE_WARP_SLACK more, up to the 64 that still keep 32 blocks resident."""
+    if regs >= ONE_WARP_FREE_REGISTERS:
+        return regs
+    return min(ONE_WARP_FREE_REGISTERS, regs + ONE_WARP_SLACK)
 
 
 # -- the CUDA backend ----------------------------------------------------------------------
@@ -95,9 +113,6 @@ def estimate_registers(
 # plus about an eighth of the column-input words of the row (their loads run ahead).
 CUDA_PERSISTENT_BASE = 24
 CUDA_COLUMN_LOOKAHEAD = 8
-# A one-warp block holding a row is limited by the SM's 32 resident blocks, not by
-# registers: ptxas spends ~8 more there, up to the 64 that still keep 32 blocks resident.
-CUDA_ONE_WARP_SLACK = 8
 CUDA_PREFETCH_PER_WORD = 2
 # Looped: ~22 plus the input words of one iteration (v x unroll elements per thread).
 CUDA_LOOPED_BASE = 22
@@ -142,8 +157,8 @@ def cuda_registers(spec: KernelSpec, schedule) -> int:  # noqa: ANN001
             # the next row's loads, held through this row's passes: measured ~2 registers
             # per loaded word (seed fusion, fp16: 5140 +28, 12288 +47, 16384 +33, 20480 +25)
             regs += math.ceil(CUDA_PREFETCH_PER_WORD * per_thread * _words(spec, (Kind.FULL,)))
-        if s.threads == 32 and buf and regs < 64:
-            regs = min(64, regs + CUDA_ONE_WARP_SLACK)
+        if s.threads == 32 and buf:
+            regs = one_warp_registers(regs)  # measured the same through NVRTC
     elif s.kind == "inner_looped":
         per_thread = s.vector * s.unroll
         regs = CUDA_LOOPED_BASE + math.ceil(per_thread * _words(spec, (Kind.FULL,)))
