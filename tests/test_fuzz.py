@@ -665,3 +665,9 @@ def test_chaotic_elements_are_not_judged() -> None:
     assert compare_output(0, got, eager, ref64, moved, 16) is None
     bad = torch.tensor([-1.39, 0.9, -0.7])
     assert "out of tolerance" in (compare_output(0, bad, eager, ref64, moved, 16) or "")
+    # an output that is ~0 everywhere: chaotic or not, a value far outside its scale is wrong
+    tiny = torch.full((4,), 1e-13, dtype=torch.float64)
+    far = [tiny + 1e-3]
+    way_off = torch.full((4,), 5.0)
+    msg = compare_output(0, way_off, tiny.float(), tiny, far, 16) or ""
+    assert "out of tolerance" in msg

@@ -84,3 +84,39 @@ def test_aligned_and_small_matmuls_are_left_alone(monkeypatch) -> None:
     x = torch.randn(5, 30)
     torch.compile(lambda t: torch.tanh(t @ w.t()), backend=be)(x)
     assert not _padded_notes(be)
+
+
+def test_a_transpose_that_swaps_nothing_is_not_peeled() -> None:
+    """transpose(1, -1) of a 2-D tensor is the tensor itself: padding its "source" the
+    other way round gave wrong numbers for square operands (review of 2026-11-22)."""
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(33, 33, generator=g), torch.randn(33, 33, generator=g)
+    for fn in (lambda a, b: a @ b.transpose(1, -1), lambda a, b: a @ b.transpose(0, 0)):
+        torch._dynamo.reset()
+        be = FuserBackend()
+        got = torch.compile(fn, backend=be)(a, b)
+        torch.testing.assert_close(got, fn(a, b), atol=1e-4, rtol=1e-4)
+        assert _padded_notes(be)
+
+
+def test_a_padded_result_returned_keeps_eagers_strides() -> None:
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(20, 30, generator=g), torch.randn(30, 45, generator=g)
+    be = FuserBackend()
+    y = torch.compile(lambda x, w: x @ w, backend=be)(x, w)
+    assert any("N 45 -> 48" in n for n in _padded_notes(be))
+    assert y.is_contiguous() and y.stride() == (45, 1)
+    torch.testing.assert_close(y.view(-1), (x @ w).view(-1), atol=1e-5, rtol=1e-5)
+
+
+def test_addmm_with_a_scalar_or_a_full_bias() -> None:
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(21, 30, generator=g), torch.randn(30, 45, generator=g)
+    for bias in (torch.tensor(1.5), torch.randn(21, 45, generator=g), torch.randn(1, 45)):
+        torch._dynamo.reset()
+        be = FuserBackend(strict=True)
+        got = torch.compile(lambda b, x, w: torch.relu(torch.addmm(b, x, w)), backend=be)(
+            bias, x, w
+        )
+        torch.testing.assert_close(got, torch.relu(torch.addmm(bias, x, w)), atol=1e-5, rtol=1e-5)
+        assert any("N 45 -> 48" in n for n in _padded_notes(be)), bias.shape

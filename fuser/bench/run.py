@@ -221,14 +221,19 @@ def _confirm(case, opts, backend, inputs, plans, chosen, timed, record) -> None:
     rounds with full repeats: the minimum of a hundred single quick timings is biased low
     (an H100 timed one 1024-column schedule at 17.1 and 21.6 us in two runs), so regret is
     computed from these medians instead."""
-    picks = [i for _, i in sorted(timed)[:CONFIRM_TOP]]
+    picks: list[int] = []
+    for label in dict.fromkeys(plans[i][0] for _, i in timed):  # per kernel of the plan
+        picks += [i for _, i in sorted(timed) if plans[i][0] == label][:CONFIRM_TOP]
     picks += [i for i, (_, s, _) in enumerate(plans) if s in chosen.values() and i not in picks]
     times: dict[int, list[float]] = {i: [] for i in picks}
     for _ in range(CONFIRM_ROUNDS):
         for i in picks:
             p = plans[i][2]
-            times[i].append(bench_ms(lambda p=p: p.run(inputs), False, opts.flush))
-    for i in picks:
+            try:
+                times[i].append(bench_ms(lambda p=p: p.run(inputs), False, opts.flush))
+            except Exception:  # the sweep's own row already says why
+                pass
+    for i in [i for i in picks if times[i]]:
         label, s, _ = plans[i]
         record(
             f"confirm-{backend}",

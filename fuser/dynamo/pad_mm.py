@@ -16,8 +16,10 @@ over the logits) read with wide accesses too. An operand that is a transpose of 
 is padded before the transpose, and each tensor is padded once however many matmuls use it
 (the logits' gradient feeds two in the backward). Inductor's pad_mm does the same.
 
-The rewritten graph's shapes are propagated again; if any node no longer accepts its
-inputs (a view that needs contiguity, say), the graph is left as it was.
+A graph output that is a padded result (or a view of one) is returned as a contiguous
+copy, with eager's strides. The rewritten graph's shapes are propagated again; if any
+node no longer accepts its inputs (a view that needs contiguity, say), the graph is left
+as it was.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def _is_2d_transpose(n: Any) -> bool:
     if v is None or v.dim() != 2:
         return False
     if n.target == aten.permute.default:
-        return list(n.args[1]) == [1, 0]
+        return [d % 2 for d in n.args[1]] == [1, 0]
+    if n.target == aten.transpose.int:  # transpose(1, -1) or (0, 0) swaps nothing
+        return {d % 2 for d in n.args[1:3]} == {0, 1}
     return True
 
 
@@ -106,9 +110,59 @@ def _plan(n: fx.Node) -> tuple[int, int, int, int, int, int] | None:
     return m, k, n_, *pads
 
 
+def _pad_bias(graph: fx.Graph, bias: Any, m: int, n: int, pm: int, pn: int) -> Any:
+    """addmm's bias grown with the result: a [N] or [1, N] row gets pn zero columns, a
+    full [M, N] bias pm zero rows too; a scalar or a broadcast size-1 dim stays."""
+    v = _val(bias)
+    if v is None or v.dim() == 0:
+        return bias
+    cols = pn if v.shape[-1] == n and n != 1 else 0
+    rows = pm if v.dim() == 2 and v.shape[0] == m and m != 1 else 0
+    if not cols and not rows:
+        return bias
+    pads = [0, cols] if v.dim() == 1 else [0, cols, 0, rows]
+    return graph.call_function(aten.constant_pad_nd.default, (bias, pads, 0.0))
+
+
+_VIEWS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.slice.Tensor,
+    aten.t.default, aten.transpose.int, aten.permute.default, aten.expand.default,
+    aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default, aten.select.int,
+    aten.alias.default, aten.as_strided.default,
+}  # fmt: skip
+
+
+def _keep_output_strides(graph: fx.Graph, sliced: list[fx.Node]) -> None:
+    """A graph output that is a padded result, or a view of one, is returned as a
+    contiguous copy: eager's strides, so a caller's `.view(-1)` (or a backward graph
+    traced on eager's strides) still works."""
+    output = next(n for n in graph.nodes if n.op == "output")
+    seen, stack, reach = set(), list(sliced), set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        reach.add(x)
+        stack += [u for u in x.users if u.op == "call_function" and u.target in _VIEWS]
+    if not any(x in reach for x in output.all_input_nodes):
+        return
+
+    def contiguous(arg: Any) -> Any:
+        if isinstance(arg, fx.Node) and arg in reach:
+            with graph.inserting_before(output):
+                return graph.call_function(
+                    aten.clone.default, (arg,), {"memory_format": torch.contiguous_format}
+                )
+        return arg
+
+    output.args = (fx.node.map_aggregate(output.args[0], contiguous),)
+
+
 def _rewrite(graph: fx.Graph) -> list[str]:
     padder = _Padder(graph)
-    notes = []
+    notes: list[str] = []
+    sliced: list[fx.Node] = []
     for n in list(graph.nodes):
         if n.op != "call_function":
             continue
@@ -122,15 +176,14 @@ def _rewrite(graph: fx.Graph) -> list[str]:
             if n.target == aten.mm.default:
                 out = graph.call_function(aten.mm.default, (a2, b2))
             else:
-                bias = n.args[0]
-                if pn and _val(bias) is not None and _val(bias).shape[-1] == n_:
-                    pads = [0, pn] + [0, 0] * (_val(bias).dim() - 1)
-                    bias = graph.call_function(aten.constant_pad_nd.default, (bias, pads, 0.0))
+                bias = _pad_bias(graph, n.args[0], m, n_, pm, pn)
                 out = graph.call_function(aten.addmm.default, (bias, a2, b2))
             if pm:
                 out = graph.call_function(aten.slice.Tensor, (out, 0, 0, m))
             if pn:
                 out = graph.call_function(aten.slice.Tensor, (out, 1, 0, n_))
+            if pm or pn:
+                sliced.append(out)
         n.replace_all_uses_with(out)
         graph.erase_node(n)
         grown = ", ".join(
@@ -139,6 +192,8 @@ def _rewrite(graph: fx.Graph) -> list[str]:
             if p
         )
         notes.append(f"{n.name}: {m}x{k}x{n_} padded ({grown}) for cuBLAS's aligned kernels")
+    if sliced:
+        _keep_output_strides(graph, sliced)
     return notes
 
 

@@ -349,9 +349,9 @@ def launch_cuda(kernel: Any, tensors: list[Any]) -> None:
 
         emulate(kernel, tensors)
         return
-    device = tensors[0].device if tensors else None
-    if device is None or device.type != "cuda" or not torch.cuda.is_available():
-        device = _require_gpu(tensors)
+    if not tensors or any(t.device.type != "cuda" for t in tensors):
+        _require_gpu(tensors)  # raises, naming the problem
+    device = tensors[0].device
     index = device.index if device.index is not None else torch.cuda.current_device()
     work = kernel._workspace_tensors(device)
     pointers = [t.data_ptr() for t in tensors]
@@ -360,13 +360,13 @@ def launch_cuda(kernel: Any, tensors: list[Any]) -> None:
     if _use_core():
         _launch_core(kernel, index, pointers)
         return
-    launcher = _launcher(kernel, index, len(pointers))
     stream = torch._C._cuda_getCurrentRawStream(index)
     if index == torch.cuda.current_device():
-        launcher(pointers, stream)
+        _launcher(kernel, index, len(pointers))(pointers, stream)
     else:
-        with torch.cuda.device(index):  # the function handles belong to index's context
-            launcher(pointers, stream)
+        # the module is loaded into, and launched in, device index's context
+        with torch.cuda.device(index):
+            _launcher(kernel, index, len(pointers))(pointers, stream)
 
 
 def _launch_core(kernel: Any, index: int, pointers: list[int]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,10 +117,15 @@ class Kernel:
         interp = tensors[0].device.type != "cuda"
         if self._module is None:
             self._module = load_module(self.source, interp)
-        first = getattr(self._module, self.name)[s.grid](*args, num_warps=s.num_warps)
-        fin = None
-        if self.workspaces:
-            fin = getattr(self._module, self.name + "_finalize")[(s.grid[0],)](*args, num_warps=4)
+        # the JIT compiles and loads for the current device, and later calls use the
+        # tensors' device's stream: make them the same device
+        on_device = torch.cuda.device(tensors[0].device) if not interp else nullcontext()
+        with on_device:
+            first = getattr(self._module, self.name)[s.grid](*args, num_warps=s.num_warps)
+            fin = None
+            if self.workspaces:
+                finalize = getattr(self._module, self.name + "_finalize")
+                fin = finalize[(s.grid[0],)](*args, num_warps=4)
         if not interp and first is not None:
             self._compiled, self._finalize = first, fin
             self._fast = _direct_launches(first, self._grid3, fin)
