@@ -55,21 +55,26 @@ def environment() -> dict[str, Any]:
     }
 
 
+def _steps(kept: dict, batch: tuple, steps: int) -> None:
+    """`steps` more training steps of an already compiled model (run_training's `keep`)."""
+    model, opt = kept["model"], kept["opt"]
+    for _ in range(steps):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=kept["amp"]):
+            _, loss = model(*batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
 def profile(kept: dict, name: str, batch: tuple, steps: int, path: Path) -> None:
     """A CUDA profile of `steps` more training steps of an already compiled model."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    model, opt = kept["model"], kept["opt"]
     cuda = torch.cuda.is_available() and batch[0].is_cuda
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch_profile(activities=acts) as prof:
-        for _ in range(steps):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=kept["amp"]):
-                _, loss = model(*batch)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        _steps(kept, batch, steps)
         if cuda:
             torch.cuda.synchronize()
     events = prof.key_averages()
@@ -90,19 +95,13 @@ def host_profile(kept: dict, name: str, batch: tuple, steps: int, path: Path) ->
     import io
     import pstats
 
-    model, opt = kept["model"], kept["opt"]
     cuda = torch.cuda.is_available() and batch[0].is_cuda
     if cuda:
         torch.cuda.synchronize()
     pr = cProfile.Profile()
     t0 = time.perf_counter()
     pr.enable()
-    for _ in range(steps):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=kept["amp"]):
-            _, loss = model(*batch)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    _steps(kept, batch, steps)
     pr.disable()
     host = time.perf_counter() - t0
     if cuda:

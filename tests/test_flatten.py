@@ -7,15 +7,11 @@ import pytest
 import torch
 
 from fuser import FusionDefinition
-from fuser.fuzz.check import gpu_faithful_interpreter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(autouse=True)
-def _faithful():
-    with gpu_faithful_interpreter():  # the interpreter rounds bf16 as the GPU does
-        yield
+pytestmark = pytest.mark.usefixtures("gpu_faithful")
 
 
 def _scaled_sum(dtype: torch.dtype) -> FusionDefinition:

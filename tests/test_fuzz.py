@@ -12,9 +12,8 @@ import inspect
 import json
 import math
 import sys
-import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from fuser import FusionDefinition
 from fuser.config import config, use_interpreter
 from fuser.fuzz import __main__ as fuzz_cli
 from fuser.fuzz.case import FuzzCase, InputSpec, Ref, Step, build, make_input, repro, with_layout
-from fuser.fuzz.check import compare, compare_output, gpu_faithful_interpreter, reference
+from fuser.fuzz.check import compare, compare_output, reference
 from fuser.fuzz.generator import CPU, GPU, fuzz_cases
 from fuser.fuzz.known import KNOWN, known_issue
 from fuser.fuzz.runner import check_case
@@ -37,13 +36,7 @@ CI_EXAMPLES = 1200 if DEVICE == "cpu" else 100
 INTERP = pytest.mark.skipif(not use_interpreter(), reason="Triton's CPU interpreter only")
 
 
-@pytest.fixture(autouse=True)
-def _gpu_faithful() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # numpy on masked-off lanes
-        warnings.filterwarnings("ignore", message=r"var_mean\(\): degrees of freedom")
-        with gpu_faithful_interpreter():
-            yield
+pytestmark = pytest.mark.usefixtures("gpu_faithful")
 
 
 def define(build_fn: Callable[[FusionDefinition], None]) -> FusionDefinition:

@@ -11,26 +11,20 @@ reductions split over several blocks.
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from fuser import FusionDefinition
-from fuser.fuzz.check import compare, gpu_faithful_interpreter
+from fuser.fuzz.check import compare
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 NAN, INF = math.nan, math.inf
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(autouse=True)
-def _gpu_faithful() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        with gpu_faithful_interpreter():
-            yield
+pytestmark = pytest.mark.usefixtures("gpu_faithful")
 
 
 def define(build: Callable[[FusionDefinition], None]) -> FusionDefinition:

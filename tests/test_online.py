@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import shutil
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from fuser import FusionDefinition
 from fuser.bench.cases import cross_entropy_case
-from fuser.config import config
-from fuser.fuzz.check import compare, gpu_faithful_interpreter
+from fuser.fuzz.check import compare
 from fuser.ir.dtypes import dtype_of
 from fuser.ir.evaluate import tolerance
 from fuser.ir.ops import Op
-from fuser.runtime import cuda_backend
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 NAN, INF = math.nan, math.inf
@@ -36,23 +32,7 @@ HAVE_NVRTC = importlib.util.find_spec("cuda") is not None and (
 )
 
 
-@pytest.fixture(autouse=True)
-def _gpu_faithful() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # -inf - -inf in masked lanes
-        with gpu_faithful_interpreter():
-            yield
-
-
-@pytest.fixture(params=["triton", "cuda"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test on both backends: on a CPU the CUDA kernels run in the g++ emulator."""
-    if request.param == "cuda" and DEVICE == "cpu":
-        if shutil.which("g++") is None:
-            pytest.skip("the CUDA emulator needs g++")
-        monkeypatch.setattr(cuda_backend, "EMULATE_ON_CPU", True)
-    monkeypatch.setattr(config, "backend", request.param)
-    return request.param
+pytestmark = pytest.mark.usefixtures("gpu_faithful")
 
 
 # -- fusions ----------------------------------------------------------------------------------

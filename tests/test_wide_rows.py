@@ -13,41 +13,21 @@ schedules are checked for the vector they chose and the reason they give.
 
 from __future__ import annotations
 
-import shutil
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from fuser import FusionDefinition
 from fuser.bench.cases import cross_entropy_case
-from fuser.config import config
-from fuser.fuzz.check import gpu_faithful_interpreter
 from fuser.ir.dtypes import dtype_of
 from fuser.ir.evaluate import tolerance
-from fuser.runtime import cuda_backend
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(autouse=True)
-def _gpu_faithful() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # -inf - -inf in masked lanes
-        with gpu_faithful_interpreter():
-            yield
-
-
-@pytest.fixture(params=["triton", "cuda"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "cuda" and DEVICE == "cpu":
-        if shutil.which("g++") is None:
-            pytest.skip("the CUDA emulator needs g++")
-        monkeypatch.setattr(cuda_backend, "EMULATE_ON_CPU", True)
-    monkeypatch.setattr(config, "backend", request.param)
-    return request.param
+pytestmark = pytest.mark.usefixtures("gpu_faithful")
 
 
 # -- fusions ----------------------------------------------------------------------------------

@@ -299,6 +299,10 @@ class _Launcher:
     def __init__(self, launches: list[tuple[Any, tuple[int, int, int], int]], nargs: int):
         import ctypes
 
+        from cuda.bindings.driver import CUresult, cuLaunchKernel
+
+        self.ok, self.launch = CUresult.CUDA_SUCCESS, cuLaunchKernel
+
         self.launches = launches
         self.values = (ctypes.c_void_p * nargs)()
         base, width = ctypes.addressof(self.values), ctypes.sizeof(ctypes.c_void_p)
@@ -307,36 +311,38 @@ class _Launcher:
         self.lock = threading.Lock()
 
     def __call__(self, pointers: list[int], stream: int) -> None:
-        from cuda.bindings.driver import CUresult, cuLaunchKernel
-
         with self.lock:
             self.values[:] = pointers
             for fn, (gx, gy, gz), block in self.launches:
-                (err,) = cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, 0, stream, self.params_at, 0)
-                if err != CUresult.CUDA_SUCCESS:
+                (err,) = self.launch(fn, gx, gy, gz, block, 1, 1, 0, stream, self.params_at, 0)
+                if err != self.ok:
                     raise FuserError(f"CUDA driver call cuLaunchKernel failed: {err!r}")
+
+
+def _launch_plan(kernel: Any, index: int) -> tuple[bytes, str, list[tuple[str, tuple, int]]]:
+    """(cubin, its cache key, [(function name, grid, threads)]) of `kernel` on device
+    `index`: the kernel, then its finalize pass when it has workspaces."""
+    from fuser.codegen.cuda.kernels import finalize_threads
+
+    s = kernel.schedule
+    arch = device_arch(index)
+    cubin = compile_cubin(kernel.source, kernel.name, arch, s.max_registers)
+    plan = [(kernel.name, s.grid, s.threads)]
+    if kernel.workspaces:
+        plan.append((kernel.name + "_finalize", (s.grid[0],), finalize_threads(s)))
+    return cubin, digest(kernel.source, arch), plan
 
 
 def _launcher(kernel: Any, index: int, nargs: int) -> _Launcher:
     """The prepared launcher of `kernel` on device `index` (built on first use)."""
-    from fuser.codegen.cuda.kernels import finalize_threads
-
-    cache = kernel._cuda_launchers
-    got = cache.get(index)
-    if got is not None:
-        return got
-    s = kernel.schedule
-    arch = device_arch(index)
-    cubin = compile_cubin(kernel.source, kernel.name, arch, s.max_registers)
-    key = digest(kernel.source, arch)
-    plan = [(kernel.name, s.grid, s.threads)]
-    if kernel.workspaces:
-        plan.append((kernel.name + "_finalize", (s.grid[0],), finalize_threads(s)))
-    launches = [
-        (_function(cubin, key, name, index, False)[1], (*grid, 1, 1)[:3], threads)
-        for name, grid, threads in plan
-    ]
-    cache[index] = got = _Launcher(launches, nargs)
+    got = kernel._cuda_launchers.get(index)
+    if got is None:
+        cubin, key, plan = _launch_plan(kernel, index)
+        launches = [
+            (_function(cubin, key, name, index, False)[1], (*grid, 1, 1)[:3], threads)
+            for name, grid, threads in plan
+        ]
+        kernel._cuda_launchers[index] = got = _Launcher(launches, nargs)
     return got
 
 
@@ -374,15 +380,7 @@ def _launch_core(kernel: Any, index: int, pointers: list[int]) -> None:
     fast one against."""
     import torch
 
-    from fuser.codegen.cuda.kernels import finalize_threads
-
-    s = kernel.schedule
-    arch = device_arch(index)
-    cubin = compile_cubin(kernel.source, kernel.name, arch, s.max_registers)
-    key = digest(kernel.source, arch)
-    launches = [(kernel.name, s.grid, s.threads)]
-    if kernel.workspaces:
-        launches.append((kernel.name + "_finalize", (s.grid[0],), finalize_threads(s)))
+    cubin, key, plan = _launch_plan(kernel, index)
     with torch.cuda.device(index):
-        for name, grid, threads in launches:
+        for name, grid, threads in plan:
             _launch(_function(cubin, key, name, index, True), True, grid, threads, pointers)
