@@ -10,20 +10,18 @@ import pytest
 import torch
 
 from fuser.config import config
-from fuser.fuzz.check import gpu_faithful_interpreter
 from fuser.runtime import cuda_backend
 
 
 @pytest.fixture
-def gpu_faithful() -> Iterator[None]:
-    """Triton's interpreter rounding bf16 as a GPU does; numpy's warnings on masked-off
-    lanes (-inf - -inf, 0/0) and var_mean's degrees-of-freedom warning silenced.
-    Modules opt in with `pytestmark = pytest.mark.usefixtures("gpu_faithful")`."""
+def quiet_interpreter() -> Iterator[None]:
+    """numpy's warnings on masked-off lanes in Triton's interpreter (-inf - -inf, 0/0) and
+    var_mean's degrees-of-freedom warning silenced. Modules opt in with
+    `pytestmark = pytest.mark.usefixtures("quiet_interpreter")`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         warnings.filterwarnings("ignore", message=r"var_mean\(\): degrees of freedom")
-        with gpu_faithful_interpreter():
-            yield
+        yield
 
 
 @pytest.fixture(params=["triton", "cuda"])

@@ -11,7 +11,7 @@ from fuser import FusionDefinition
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-pytestmark = pytest.mark.usefixtures("gpu_faithful")
+pytestmark = pytest.mark.usefixtures("quiet_interpreter")
 
 
 def _scaled_sum(dtype: torch.dtype) -> FusionDefinition:

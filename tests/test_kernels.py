@@ -10,12 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import pytest
 import torch
 
 from fuser import FusionDefinition
-from fuser.config import use_interpreter
 from fuser.examples import seed_inputs, seed_layernorm_fusion
 from fuser.ir.dtypes import dtype_of
 from fuser.ir.evaluate import tolerance
@@ -27,38 +25,6 @@ ODD_COLS = [1, 7, 127, 5140, 5142, 50257]
 # 10 mantissa bits, 2**-10 < 1e-3; bf16 has 7, 2**-7 < 8e-3), plus a small atol for
 # values near zero that carry the fp32 rounding error of the computation.
 HALF_TOL = {F16: (1e-5, 1e-3), BF16: (1e-5, 8e-3)}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_rounds_bf16_to_nearest():
-    """Make Triton's interpreter round fp32 -> bf16 to nearest even, as the GPU does.
-
-    Triton's interpreter (3.x, `_convert_float`) truncates the mantissa when it narrows
-    float32 to bfloat16, even for `.to(tl.bfloat16, fp_downcast_rounding="rtne")`, so every
-    bf16 store of a generated kernel lands up to 1 ulp toward zero of what the kernel gives
-    on a GPU (and of what ATen gives). Tests compare at bf16 precision, so under the
-    interpreter only, that one conversion is done by torch (round to nearest even).
-    """
-    if not use_interpreter():
-        yield
-        return
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    original = getattr(interpreter, "_convert_float", None)
-    if original is None:
-        yield
-        return
-
-    def convert(data: np.ndarray, src: object, dst: object, rounding_mode: object) -> np.ndarray:
-        if src == tl.float32 and dst == tl.bfloat16:
-            f32 = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
-            return f32.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-        return original(data, src, dst, rounding_mode)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(interpreter, "_convert_float", convert)
-        yield
 
 
 # -- helpers ------------------------------------------------------------------------------

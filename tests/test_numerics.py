@@ -24,7 +24,7 @@ NAN, INF = math.nan, math.inf
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-pytestmark = pytest.mark.usefixtures("gpu_faithful")
+pytestmark = pytest.mark.usefixtures("quiet_interpreter")
 
 
 def define(build: Callable[[FusionDefinition], None]) -> FusionDefinition:

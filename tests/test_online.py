@@ -32,7 +32,7 @@ HAVE_NVRTC = importlib.util.find_spec("cuda") is not None and (
 )
 
 
-pytestmark = pytest.mark.usefixtures("gpu_faithful")
+pytestmark = pytest.mark.usefixtures("quiet_interpreter")
 
 
 # -- fusions ----------------------------------------------------------------------------------

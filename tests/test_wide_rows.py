@@ -27,7 +27,7 @@ F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-pytestmark = pytest.mark.usefixtures("gpu_faithful")
+pytestmark = pytest.mark.usefixtures("quiet_interpreter")
 
 
 # -- fusions ----------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ import torch
 
 import fuser
 from fuser.config import config
-from fuser.fuzz.check import gpu_faithful_interpreter
 from fuser.fuzz.generator import CPU, GPU
 from fuser.fuzz.runner import Stats, run_batch, run_for
 
@@ -103,22 +102,21 @@ def _single(args: argparse.Namespace, device: str) -> dict[str, Any]:
                 flush=True,
             )
 
-    with gpu_faithful_interpreter():
-        if args.replay is not None:
-            stats, start = Stats(), time.monotonic()
-            run_batch(args.replay, batch_size, stats, device, profile, shrink_seconds=1e9)
-            stats.seconds = time.monotonic() - start
-        else:
-            stats = run_for(
-                args.seconds,
-                args.seed,
-                device,
-                batch_size,
-                on_batch=progress,
-                shrink_seconds=args.shrink_seconds,
-                first_batch=args.first_batch,
-                profile=profile,
-            )
+    if args.replay is not None:
+        stats, start = Stats(), time.monotonic()
+        run_batch(args.replay, batch_size, stats, device, profile, shrink_seconds=1e9)
+        stats.seconds = time.monotonic() - start
+    else:
+        stats = run_for(
+            args.seconds,
+            args.seed,
+            device,
+            batch_size,
+            on_batch=progress,
+            shrink_seconds=args.shrink_seconds,
+            first_batch=args.first_batch,
+            profile=profile,
+        )
     out = report(stats)
     _write(args.json, out)
     return out

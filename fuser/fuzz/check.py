@@ -23,14 +23,12 @@ infinity must sit where eager (or the float64 evaluation, or a perturbed run) ha
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from fuser.config import use_interpreter
 from fuser.frontend.fusion_definition import FusionDefinition
 from fuser.ir.dtypes import DType
 from fuser.ir.evaluate import eval_node, tolerance
@@ -344,42 +342,3 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.is_floating_point():
         return bool(((a == b) | (a.isnan() & b.isnan())).all())
     return bool((a == b).all())
-
-
-# -- Triton's interpreter -------------------------------------------------------------
-@contextlib.contextmanager
-def gpu_faithful_interpreter() -> Iterator[None]:
-    """Make Triton's CPU interpreter round to bfloat16 as a GPU does, while fuzzing.
-
-    Triton 3.x's interpreter keeps bfloat16 data as uint16 bit patterns (numpy has no
-    bfloat16) and narrows to it by truncating the mantissa instead of rounding to
-    nearest even: every bf16 result would land up to an ulp toward zero. No source
-    spelling avoids it that compiles to the same GPU code, so under this context the
-    narrowing is done by torch. The interpreter's other bfloat16 faults (comparing the
-    bit patterns as unsigned ints, casting anything but float32 by copying bits) are
-    not patched: fuser's kernels compare and cast 16-bit values through float32, and
-    CPU fuzzing checks that they do. (The same patch is the
-    `_interpreter_rounds_bf16_to_nearest` fixture of test_kernels.py.)
-    """
-    if not use_interpreter():
-        yield
-        return
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    convert_float = getattr(interpreter, "_convert_float", None)
-    if convert_float is None:
-        yield
-        return
-
-    def convert(data: np.ndarray, src: object, dst: object, rounding_mode: object) -> np.ndarray:
-        if dst == tl.bfloat16 and src in (tl.float32, tl.float16, tl.float64):
-            wide = torch.from_numpy(np.ascontiguousarray(data).astype(np.float64))
-            return wide.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-        return convert_float(data, src, dst, rounding_mode)
-
-    interpreter._convert_float = convert
-    try:
-        yield
-    finally:
-        interpreter._convert_float = convert_float

@@ -9,7 +9,6 @@ per-dtype tolerances; integer and bool results must be equal.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import traceback
 import warnings
@@ -245,7 +244,7 @@ def run_sample(
 
     compiled = torch.compile(fn, backend=backend, fullgraph=False, dynamic=False)
     try:
-        with warnings.catch_warnings(record=True) as caught, _faithful(device):
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             got, got_grads = _call(compiled, sample, grad)
         by_ref = _compare(got, want, lambda: refs(False), "output")
@@ -283,16 +282,6 @@ def aten_backend() -> Any:
         return make_boxed_func(gm.forward)
 
     return aot_autograd(fw_compiler=nop, bw_compiler=nop, decompositions=decompositions())
-
-
-def _faithful(device: str) -> Any:
-    """On CPU, Triton's interpreter narrowed to bfloat16 by rounding to nearest even as a
-    GPU does (it truncates: every bf16 result an ulp toward zero), with the fuzzer's patch."""
-    if device != "cpu":
-        return contextlib.nullcontext()
-    from fuser.fuzz.check import gpu_faithful_interpreter
-
-    return gpu_faithful_interpreter()
 
 
 def spread(n: int, k: int | None) -> list[int]:

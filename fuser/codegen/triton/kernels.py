@@ -5,7 +5,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from fuser.codegen.triton.render import (
-    TL_DTYPE,
     Chunk,
     TritonKernelWriter,
     _acc_dtype,
@@ -131,7 +130,7 @@ def _persistent_body(kw: TritonKernelWriter, em: Emitter, chunks: list[Chunk]) -
                 f"{node.op.value} over the row: {len(full)} full chunk(s) folded lane by "
                 f"lane, {len(rest)} tail chunk(s)"
             )
-            w.line(f"{node.out.name} = ({expr}).to({TL_DTYPE[node.out.dtype]})")
+            w.line(f"{node.out.name} = {kw.to(f'({expr})', node.out.dtype)}")
             em.maybe_store(node, None)
         elif kind in (Kind.FULL, Kind.COL):
             for c in chunks:
@@ -210,7 +209,7 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                     term = kw.reduce_term(n, tail_chunk)
                     w.line(f"{n.out.name} = {kw.combine(n.op, n.out.name, term)}")
             for n in reds:
-                w.line(f"{n.out.name} = {n.out.name}.to({TL_DTYPE[n.out.dtype]})")
+                w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
                 scalar_em.done.add((n.out.id, None))
                 scalar_em.maybe_store(n, None)
             row_nodes(rnd)
@@ -328,7 +327,7 @@ def _online_pass(
         w.line(f"{p.sum.out.name} = tl.where(tl.abs({big}) < POS_INF, {p.sum.out.name}, nan_())")
         kw.helpers.add("nan_")
     for n in reds + maxes + [p.sum for p in pairs]:
-        w.line(f"{n.out.name} = {n.out.name}.to({TL_DTYPE[n.out.dtype]})")
+        w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
         scalar_em.done.add((n.out.id, None))
         scalar_em.maybe_store(n, None)
 
@@ -439,7 +438,7 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
 def _epilogue(kw: TritonKernelWriter, em: Emitter, reds: list[Node], chunk: Chunk) -> None:
     spec = kw.spec
     for n in reds:
-        kw.w.line(f"{n.out.name} = {n.out.name}.to({TL_DTYPE[n.out.dtype]})")
+        kw.w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
         em.done.add(em.key(n.out.id, chunk))
         em.maybe_store(n, chunk)
     for n in spec.nodes:  # a finalize kernel computes the scalar values again

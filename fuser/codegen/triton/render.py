@@ -22,6 +22,7 @@ from fuser.codegen.triton.templates import (
     render_op,
 )
 from fuser.codegen.writer import Writer
+from fuser.config import use_interpreter
 from fuser.errors import CompileError
 from fuser.ir.dtypes import DType, promote
 from fuser.ir.graph import Node, Value
@@ -82,6 +83,12 @@ def compute_dtype(dtype: DType) -> DType:
     return DType.float32 if dtype in HALF else dtype
 
 
+def _acc(dtype: DType) -> DType:
+    if dtype.is_float:
+        return DType.float64 if dtype == DType.float64 else DType.float32
+    return DType.int64
+
+
 def _acc_dtype(dtype: DType) -> str:
     if dtype.is_float:
         return "tl.float64" if dtype == DType.float64 else "tl.float32"
@@ -107,6 +114,23 @@ class TritonKernelWriter:
         self.consts = {n.out.id: n for n in spec.nodes if n.op == Op.CONST}
         self.helpers: set[str] = set()
         self.row_mask = not schedule.even_rows
+        self.interpreted = use_interpreter()
+
+    def to(self, x: str, dst: DType, src: DType | None = None) -> str:
+        """`x` (of dtype `src`, if known) converted to `dst`. Triton's interpreter
+        truncates float32 to bfloat16 where a GPU (and torch) rounds to nearest even, and
+        loses bfloat16 subnormals when it widens them, so an interpreted kernel converts
+        with the bf16_rne and bf16_wide helpers instead."""
+        if src == dst:
+            return x
+        if self.interpreted and dst == DType.bfloat16:
+            self.helpers.add("bf16_rne")
+            return f"bf16_rne({x})"
+        if self.interpreted and src == DType.bfloat16 and dst.is_float:
+            self.helpers.add("bf16_wide")
+            wide = f"bf16_wide({x})"
+            return wide if dst == DType.float32 else f"{wide}.to({TL_DTYPE[dst]})"
+        return f"{x}.to({TL_DTYPE[dst]})"
 
     # -- names ---------------------------------------------------------------------
     def name(self, v: Value, chunk: Chunk | None) -> str:
@@ -149,8 +173,7 @@ class TritonKernelWriter:
         mask = f", mask={m}" if m else ""
         val = self.name(a.value, chunk)
         self.w.line(
-            f"tl.store({a.name}_ptr + {self.offsets(a, chunk)}, "
-            f"{val}.to({TL_DTYPE[a.dtype]}){mask})"
+            f"tl.store({a.name}_ptr + {self.offsets(a, chunk)}, {self.to(val, a.dtype, a.value.dtype)}{mask})"
         )
 
     def elementwise(self, node: Node, chunk: Chunk | None) -> None:
@@ -171,7 +194,7 @@ class TritonKernelWriter:
                 args = self.pow_operands(node, args, chunk)
             expr = render_op(node.op, args, compute)
             if out.dtype != DType.bool and compute != out.dtype:
-                expr = f"({expr}).to({TL_DTYPE[out.dtype]})"
+                expr = self.to(f"({expr})", out.dtype, compute)
         self.helpers.update(helper_names(expr))
         self.w.line(f"{self.name(out, chunk)} = {expr}")
 
@@ -192,8 +215,8 @@ class TritonKernelWriter:
             return _literal(n.attr("value"), dtype)
         x = self.name(v, chunk)
         if node.op in COMPARE and v.dtype != common and compute != common:
-            x = f"{x}.to({TL_DTYPE[common]})"
-        return x if v.dtype == compute else f"{x}.to({TL_DTYPE[compute]})"
+            return self.to(self.to(x, common, v.dtype), compute, common)
+        return self.to(x, compute, v.dtype)
 
     def pow_operands(self, node: Node, args: list[str], chunk: Chunk | None) -> list[str]:
         """pow's operands with a literal one made a tile of the other's shape: the pow_
@@ -215,7 +238,7 @@ class TritonKernelWriter:
         if v.dtype == DType.bool:
             return x
         compute = compute_dtype(v.dtype)
-        return f"({x if v.dtype == compute else f'{x}.to({TL_DTYPE[compute]})'} != 0)"
+        return f"({self.to(x, compute, v.dtype)} != 0)"
 
     def cast(self, src: Value, dst: DType, chunk: Chunk | None) -> str:
         if src.id in self.consts:  # fold: the literal in the new dtype
@@ -225,8 +248,8 @@ class TritonKernelWriter:
         # to float first: float64 1 + 2^-8 + 2^-30 gives bf16 1.0, not 1.0078125); Triton's
         # interpreter also converts to bfloat16 only from float32 (it copies bits else)
         if dst in HALF and src.dtype not in (DType.float32, dst):
-            x = f"{x}.to(tl.float32)"
-        return f"{x}.to({TL_DTYPE[dst]})"
+            return self.to(self.to(x, DType.float32, src.dtype), dst, DType.float32)
+        return self.to(x, dst, src.dtype)
 
     def broadcast(self, node: Node, chunk: Chunk | None) -> None:
         # tiles broadcast by shape ([R,1] with [R,C]); only name the alias
@@ -254,7 +277,7 @@ class TritonKernelWriter:
         lanes set to the reduction's identity."""
         x = node.inputs[0]
         val = (
-            f"tl.broadcast_to({self.name(x, chunk)}.to({_acc_dtype(x.dtype)}), "
+            f"tl.broadcast_to({self.to(self.name(x, chunk), _acc(x.dtype), x.dtype)}, "
             f"{self.tile_shape(chunk)})"
         )
         return f"tl.where({mask}, {val}, {_identity(node.op, x.dtype)})" if mask else val

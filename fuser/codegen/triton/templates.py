@@ -100,6 +100,23 @@ def nan_():
     # a quiet NaN from its bits (see render.CONSTANTS for why not a global)
     return tl.cast(0x7FC00000, tl.float32, bitcast=True)
 """,
+    "bf16_rne": """@triton.jit
+def bf16_rne(x):
+    # float32 -> bfloat16 rounded to nearest even, as a GPU's cvt.rn and torch round
+    # (Triton's interpreter, where this runs, truncates); NaN stays a quiet NaN
+    bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    quiet = (bits >> 16) | 0x40
+    top = tl.where(x != x, quiet, rounded)
+    return top.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+""",
+    "bf16_wide": """@triton.jit
+def bf16_wide(x):
+    # bfloat16 -> float32 exactly, subnormals included: the same bits, 16 places up
+    # (Triton's interpreter, where this runs, flushes bf16 subnormals when it widens)
+    bits = x.to(tl.uint16, bitcast=True).to(tl.uint32)
+    return (bits << 16).to(tl.float32, bitcast=True)
+""",
     "max_nan": """@triton.jit
 def max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
