@@ -171,10 +171,8 @@ class TritonKernelWriter:
     def store(self, a: Arg, chunk: Chunk | None) -> None:
         m = self.mask(a.kind, chunk)
         mask = f", mask={m}" if m else ""
-        val = self.name(a.value, chunk)
-        self.w.line(
-            f"tl.store({a.name}_ptr + {self.offsets(a, chunk)}, {self.to(val, a.dtype, a.value.dtype)}{mask})"
-        )
+        val = self.to(self.name(a.value, chunk), a.dtype, a.value.dtype)
+        self.w.line(f"tl.store({a.name}_ptr + {self.offsets(a, chunk)}, {val}{mask})")
 
     def elementwise(self, node: Node, chunk: Chunk | None) -> None:
         out = node.out
