@@ -77,12 +77,12 @@ def test_tiny_gpt2_trains_like_eager():
     for op in (
         "native_layer_norm",
         "gelu",
-        "_log_softmax",
+        "amax",  # log_softmax, decomposed so that the backward recomputes it
+        "log",
         "nll_loss_forward",
         "native_layer_norm_backward",
         "gelu_backward",
         "nll_loss_backward",
-        "_log_softmax_backward_data",
     ):
         assert op in text, f"{op} was not fused: {sorted(fused_ops)}"
     assert all(r.fused for g in graphs for r in g.regions)

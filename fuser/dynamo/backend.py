@@ -18,13 +18,19 @@ from torch import fx
 
 from fuser.config import config, debug_print
 from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_graph
+from fuser.dynamo.saved import partition_fn
 
 aten = torch.ops.aten
 
-# ATen ops decomposed before lowering: each becomes elementwise math fuser lowers
-# (layer_norm, gelu, softmax and nll_loss, forward and backward, are lowered directly, and
-# so are addcmul/addcdiv/lerp: torch's decompositions of them round each step to half types)
+# ATen ops decomposed before lowering: each becomes elementwise math and reductions fuser
+# lowers (layer_norm, gelu, softmax and nll_loss, forward and backward, are lowered
+# directly, and so are addcmul/addcdiv/lerp: torch's decompositions of them round each step
+# to half types). log_softmax is decomposed so that the backward can recompute it from its
+# input and two per-row values instead of keeping it (saved.py).
 _DECOMPOSE = [
+    "_log_softmax",
+    "_log_softmax_backward_data",
+    "detach",
     "silu",
     "silu_backward",
     "sigmoid_backward",
@@ -147,10 +153,7 @@ class FuserBackend:
             "decompositions": decompositions(),
             "keep_inference_input_mutations": True,
         }
-        if self.partition == "min_cut":
-            from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-            kwargs["partition_fn"] = min_cut_rematerialization_partition
+        kwargs["partition_fn"] = partition_fn(self.partition)
         t0 = time.perf_counter()
         compiled = aot_autograd(**kwargs)(gm, example_inputs)
         debug_print(2, f"[fuser.dynamo] {capture.where}: traced in {time.perf_counter() - t0:.2f}s")

@@ -61,9 +61,13 @@ class RegionPlan:
     def of(nodes: list[fx.Node]) -> RegionPlan:
         inside = set(nodes)
         # a free node (view, constant) used outside stays an ATen node for those users, so
-        # the region never materializes a broadcast it does not need
-        dup = [n for n in nodes if is_free(n) and any(u not in inside for u in n.users)]
-        outside = set(dup)
+        # the region never materializes a broadcast it does not need; so do the free nodes
+        # such an ATen copy reads (a constant under a duplicated expand)
+        outside: set[fx.Node] = set()
+        for n in reversed(nodes):
+            if is_free(n) and any(u not in inside or u in outside for u in n.users):
+                outside.add(n)
+        dup = [n for n in nodes if n in outside]
         outputs = [
             n
             for n in nodes
