@@ -267,9 +267,12 @@ def test_python_scalar_rounds_like_eager(dtype: torch.dtype) -> None:
     fd = define(build_fn)
     got = fd.execute([x])
     eager = [x + 0.01, 0.3 - x, x - 1e-3, 0.1 * x, x / 3.3]
-    for i, (g, e) in enumerate(zip(got[:3], eager[:3])):
+    # CUDA eager keeps every scalar in float32 (its opmath), add/sub included: there the
+    # rounded scalar is one ulp off where it decides the rounding, as mul/div are on CPU
+    exact = 3 if DEVICE == "cpu" else 0
+    for i, (g, e) in enumerate(zip(got[:exact], eager[:exact])):
         assert torch.equal(g, e), (i, (g != e).sum().item())
-    for g, e in zip(got[3:], eager[3:]):
+    for g, e in zip(got[exact:], eager[exact:]):
         torch.testing.assert_close(g, e, atol=0, rtol=torch.finfo(dtype).eps)
 
 

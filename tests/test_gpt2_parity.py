@@ -86,3 +86,7 @@ def test_tiny_gpt2_trains_like_eager():
     ):
         assert op in text, f"{op} was not fused: {sorted(fused_ops)}"
     assert all(r.fused for g in graphs for r in g.regions)
+    # the zero gradient autograd passes for the returned logits is added in the loss's
+    # backward kernel, across the [B, T, V] <-> [B*T, V] views (views.py)
+    (loss_bw,) = [ops for ops in fused_ops if "nll_loss_backward" in ops]
+    assert "add.Tensor" in loss_bw, loss_bw

@@ -109,6 +109,41 @@ def test_a_padded_result_returned_keeps_eagers_strides() -> None:
     torch.testing.assert_close(y.view(-1), (x @ w).view(-1), atol=1e-5, rtol=1e-5)
 
 
+def test_logits_saved_for_the_backward_keep_their_padded_rows() -> None:
+    """GPT-2's lm head: the logits its cross-entropy saves for the backward are the padded
+    matmul's rows (no copy), while the logits returned to the caller are contiguous."""
+    g = torch.Generator().manual_seed(5)
+    x0, w0 = torch.randn(2, 10, 30, generator=g), torch.randn(45, 30, generator=g)
+    target = torch.randint(0, 45, (20,), generator=g)
+
+    def step(x, w):
+        logits = x.bfloat16() @ w.bfloat16().t()
+        return torch.nn.functional.cross_entropy(logits.view(-1, 45).float(), target), logits
+
+    saved = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    be = FuserBackend()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss, logits = torch.compile(step, backend=be)(x, w)
+    assert any("N 45 -> 48" in n for n in _padded_notes(be))
+    assert logits.is_contiguous()
+    rows = [t for t in saved if t.dim() > 1 and t.shape[-1] == 45 and t.dtype == torch.bfloat16]
+    assert rows and rows[0].stride()[-2:] == (48, 1), [(t.shape, t.stride()) for t in saved]
+    loss.backward()
+    xr, wr = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    want, want_logits = step(xr, wr)
+    want.backward()
+    torch.testing.assert_close(logits, want_logits)
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(x.grad, xr.grad, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(w.grad, wr.grad, atol=1e-2, rtol=1e-2)
+
+
 def test_addmm_with_a_scalar_or_a_full_bias() -> None:
     g = torch.Generator().manual_seed(4)
     x, w = torch.randn(21, 30, generator=g), torch.randn(30, 45, generator=g)

@@ -31,7 +31,7 @@ from fuser.dynamo.region import (
     meta_inputs,
     record_for,
 )
-from fuser.dynamo.support import describe, is_free, is_side_effect, op_name, try_lower
+from fuser.dynamo.support import copy_module, describe, is_free, is_side_effect, op_name, try_lower
 from fuser.dynamo.views import sink_row_views
 from fuser.errors import FuserError
 
@@ -260,7 +260,7 @@ def _propagate(gm: fx.GraphModule, args: list) -> fx.GraphModule:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    copy = _copy(gm)
+    copy = copy_module(gm)
     with unset_fake_temporarily():
         FakeTensorProp(copy, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
     return copy
@@ -278,7 +278,7 @@ def lower_graph(
     record = GraphRecord(kind, name, sum(1 for n in gm.graph.nodes if n.op == "call_function"))
     record.aten_graph = "\n".join(describe(n) for n in gm.graph.nodes if n.op == "call_function")
     try:
-        work = _copy(gm)  # the passes edit the copy; gm stays the ATen fallback
+        work = copy_module(gm)  # the passes edit the copy; gm stays the ATen fallback
         if config.pad_matmuls:
             record.matmuls_padded = pad_matmuls(work)
         record.views_moved = sink_row_views(work.graph)
@@ -299,9 +299,3 @@ def lower_graph(
     record.module = new_gm
     record.compile_seconds = time.perf_counter() - t0
     return boxed(new_gm), record
-
-
-def _copy(gm: fx.GraphModule) -> fx.GraphModule:
-    graph = fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    return fx.GraphModule(gm, graph, gm.__class__.__name__)

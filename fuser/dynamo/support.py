@@ -203,3 +203,12 @@ def describe(node: fx.Node) -> str:
     if isinstance(val, torch.Tensor):
         shape = f" -> {str(val.dtype).replace('torch.', '')}{list(val.shape)}"
     return f"{node.name} = {op_name(node)}{shape}"
+
+
+def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of gm whose graph passes may edit; the output node keeps its meta
+    (AOTAutograd's labels of which outputs are saved for the backward)."""
+    graph = fx.Graph()
+    out = graph.output(graph.graph_copy(gm.graph, {}))
+    out.meta.update(next(n for n in gm.graph.nodes if n.op == "output").meta)
+    return fx.GraphModule(gm, graph, gm.__class__.__name__)

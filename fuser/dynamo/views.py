@@ -7,8 +7,9 @@ take such views out of the middle:
 
 - a reduction over all leading dims of a row view reduces the source instead:
   sum(view(x, [N, C]), [0]) -> view(sum(x, [0, 1]), ...)   (bias gradients)
-- an elementwise op whose tensor operands are all row views of same-shaped sources runs
-  on the sources, and its result is viewed instead:
+- an elementwise op whose full-shape tensor operands are row views of same-shaped sources
+  (or contiguous tensors, viewed the same way) runs on the sources, and its result is
+  viewed instead:
   gelu_backward(view(a), view(b)) -> view(gelu_backward(a, b))
   when that helps: a source is itself fusible (the op joins its region), or the result
   reaches, through elementwise ops, a view back (they cancel) or a foldable reduction
@@ -58,6 +59,11 @@ def is_row_view(n: Any) -> bool:
     return bool(src and dst and src[-1] == dst[-1] and src != dst)
 
 
+def _contiguous(n: fx.Node) -> bool:
+    v = _val(n)
+    return isinstance(v, torch.Tensor) and v.is_contiguous()
+
+
 def _view(graph: fx.Graph, x: fx.Node, shape: list) -> fx.Node:
     if _shape(x) == shape:
         return x
@@ -92,27 +98,42 @@ def _sink_through(graph: fx.Graph, n: fx.Node, helps: set) -> bool:
     tensors = [a for a in n.args if isinstance(a, fx.Node)]
     if not out_shape or not tensors or any(isinstance(a, (list, tuple)) for a in n.args):
         return False
-    views = [a for a in tensors if _shape(a) == out_shape]
-    if not views or not all(is_row_view(a) for a in views):
+    full = [a for a in tensors if _shape(a) == out_shape]
+    views = [a for a in full if is_row_view(a)]
+    # an operand of the full shape that is not a row view is viewed like the others (a
+    # free reshape when it is contiguous: the zero gradient autograd gives an unused
+    # output, added to the cross-entropy's)
+    plain = [a for a in full if a not in views]
+    if not views or not all(_contiguous(a) for a in plain):
         return False
     src_shape = _shape(views[0].args[0])
     if any(_shape(a.args[0]) != src_shape for a in views):
         return False
     # other tensor operands must broadcast the same way against both shapes
     for a in tensors:
-        if a not in views and len(_shape(a) or [0, 0]) > 1:
+        if a not in full and len(_shape(a) or [0, 0]) > 1:
             return False
     fusible_source = any(a.args[0].target in LOWERINGS for a in views)
     if not (fusible_source or n in helps):
         return False
     back = [u for u in n.users if is_row_view(u) and _shape(u) == src_shape]
-    args = tuple(a.args[0] if a in views else a for a in n.args)
-    fake = [_val(a) if isinstance(a, fx.Node) else a for a in args]
+
+    def fake(a: Any) -> Any:
+        if a in views:
+            return _val(a.args[0])
+        if a in plain:
+            return _val(a).reshape(src_shape)
+        return _val(a) if isinstance(a, fx.Node) else a
+
     try:
-        val = n.target(*fake, **n.kwargs)
+        val = n.target(*[fake(a) for a in n.args], **n.kwargs)
     except Exception:
         return False
     with graph.inserting_before(n):
+        args = tuple(
+            a.args[0] if a in views else _view(graph, a, src_shape) if a in plain else a
+            for a in n.args
+        )
         m = graph.call_function(n.target, args, dict(n.kwargs))
         m.meta["val"] = val
         shaped = _view(graph, m, out_shape)
