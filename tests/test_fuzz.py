@@ -82,7 +82,8 @@ def test_random_fusions() -> None:
     one()
     kinds = {"pointwise", "inner_persistent", "inner_looped", "outer_reduction"}
     assert kinds <= set(seen), f"schedule kinds reached: {dict(seen)}"
-    assert any(fallbacks), "no fusion needed an ATen segment: the generator lost its odd dims"
+    if DEVICE == "cpu":  # 1200 cases; a GPU's 100 may all fit one kernel
+        assert any(fallbacks), "no fusion needed an ATen segment: the generator lost odd dims"
 
 
 # -- the fuzzer's machinery -----------------------------------------------------------------
@@ -101,6 +102,7 @@ LN_CASE = _case(
 )
 
 
+@INTERP  # the machinery's tests run CPU tensors
 def test_repro_is_runnable_python() -> None:
     """A failure prints Python that rebuilds the fusion and its inputs and compares."""
     source = repro(LN_CASE)
@@ -111,6 +113,7 @@ def test_repro_is_runnable_python() -> None:
     assert [t.stride() for t in namespace["inputs"]] == [(1, 5), (1,)]
 
 
+@INTERP
 def test_compare_sees_wrong_answers() -> None:
     """The tolerance is not vacuous: one element off by 1%, a lost NaN, an inf for a
     finite value and a flipped bool are all reported."""
@@ -272,8 +275,9 @@ def test_python_scalar_rounds_like_eager(dtype: torch.dtype) -> None:
     exact = 3 if DEVICE == "cpu" else 0
     for i, (g, e) in enumerate(zip(got[:exact], eager[:exact])):
         assert torch.equal(g, e), (i, (g != e).sum().item())
-    for g, e in zip(got[exact:], eager[exact:]):
-        torch.testing.assert_close(g, e, atol=0, rtol=torch.finfo(dtype).eps)
+    for g, e in zip(got[exact:], eager[exact:]):  # an ulp of operands up to 1.3 (0.3 - x)
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(g, e, atol=eps, rtol=eps)
 
 
 def test_softmax_over_a_middle_dim() -> None:
@@ -341,7 +345,8 @@ def test_var_mean_of_a_row_holding_inf() -> None:
     mean, var = fd.execute([x])
     assert mean[0].item() == -math.inf and torch.equal(mean[1:], x[1:].mean(dim=1))
     assert var[0].isnan() and not var[1].isnan()
-    assert fd.reference([x])[0][0].isnan()  # eager's NaN
+    if DEVICE == "cpu":  # CUDA's var_mean gives the inf too
+        assert fd.reference([x])[0][0].isnan()  # eager's NaN
     assert_agrees(fd, [x])
 
 
