@@ -676,3 +676,60 @@ def test_chaotic_elements_are_not_judged() -> None:
     way_off = torch.full((4,), 5.0)
     msg = compare_output(0, way_off, tiny.float(), tiny, far, 16) or ""
     assert "out of tolerance" in msg
+
+
+# -- GPU soak, seed 12 (benchmarks/results/h100-2026-11-22-fuzz-seed12): FMA contraction --
+def _product_minus_itself(fd: FusionDefinition) -> None:
+    x = fd.define_tensor([-1, -1], F16)
+    doubled = fd.ops.add(x, x)
+    mean = fd.ops.mean(doubled, dims=[0])
+    product = fd.ops.mul(doubled, fd.ops.broadcast_in_dim(mean, [1, 1], [1]))
+    fd.add_output(fd.ops.sub(product, product))
+
+
+def _max_minus_product(fd: FusionDefinition) -> None:
+    x = fd.define_tensor([5140], F32)
+    var, _ = fd.ops.var_mean(x, dims=[0], correction=0)
+    xv = fd.ops.mul(x, var)
+    gap = fd.ops.sub(fd.ops.maximum(var, xv), xv)
+    fd.add_output(gap)
+    fd.add_output(fd.ops.softmax(fd.ops.minimum(gap, x), dim=-1))
+
+
+def _scaled_compare(fd: FusionDefinition) -> None:
+    x = fd.define_tensor([1, -1, -1], F16)
+    scaled = fd.ops.mul(0.001, fd.ops.add(x, x))
+    wide = fd.ops.cast(scaled, F32)
+    above = fd.ops.gt(wide, fd.ops.cast(fd.ops.gt(wide, 1.0), F32))
+    fd.add_output(fd.ops.logical_and(fd.ops.eq(scaled, 0.1), above))
+
+
+@pytest.mark.parametrize(
+    "build_fn,shape,dtype,scale,seed",
+    [
+        (_product_minus_itself, (1, 1), "float16", 1.0, 0),
+        (_max_minus_product, (5140,), "float32", 1000.0, 4036),
+    ],
+    ids=["product_minus_itself", "max_minus_product"],
+)
+def test_no_multiply_add_contraction(build_fn, shape, dtype: str, scale: float, seed: int) -> None:
+    """On the GPU, LLVM contracted a multiply and a later subtract into one FMA (Triton's
+    default): x*y - x*y gave the product's rounding error (-0.00108 in fp16, not 0) and
+    max(v, x*v) - x*v gave +-60 at 1e9, which a softmax then picked out (0.993 where eager
+    has 0.0004). Kernels are compiled without floating-point contraction now."""
+    fd = define(build_fn)
+    inputs = [make_input(InputSpec(shape, dtype, "contiguous"), seed, scale, device=DEVICE)]
+    assert not compare(fd, inputs), compare(fd, inputs)
+    gap = fd.execute(inputs)[0]
+    assert torch.equal(gap == 0, fd.reference(inputs)[0] == 0)
+
+
+@pytest.mark.xfail(strict=True, reason="known: scalar-mul-reference")
+def test_scalar_product_compared_at_a_tie() -> None:
+    """Soak seed 12: 0.001 * (x + x) == 0.1 for fp16 x = 50 is True in the kernel and in
+    eager (`0.001 * t`, the scalar unrounded), False in the reference evaluator, which
+    rounds the scalar to fp16 first (fuser/fuzz/known.py)."""
+    fd = define(_scaled_compare)
+    spec = InputSpec((1, 64, 511), "float16", "contiguous")
+    inputs = [make_input(spec, 4036, 30.0, device=DEVICE)]
+    assert not compare(fd, inputs), compare(fd, inputs)

@@ -75,7 +75,9 @@ def nvrtc_version() -> str:
 
 
 def _options(arch: str, max_registers: int | None) -> list[str]:
-    opts = [f"-arch={arch}", "-std=c++17", f"-diag-suppress={UNUSED_VARIABLE}"]
+    # --fmad=false: no multiply-add contraction across ops eager rounds one by one (see
+    # triton_backend.TRITON_OPTIONS)
+    opts = [f"-arch={arch}", "-std=c++17", "--fmad=false", f"-diag-suppress={UNUSED_VARIABLE}"]
     if max_registers:
         opts.append(f"-maxrregcount={max_registers}")
     return opts

@@ -10,6 +10,7 @@ import torch
 
 from fuser.codegen.triton.kernels import workspaces
 from fuser.ir.dtypes import DType
+from fuser.runtime.triton_backend import TRITON_OPTIONS
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import KernelSpec
 
@@ -121,11 +122,12 @@ class Kernel:
         # tensors' device's stream: make them the same device
         on_device = torch.cuda.device(tensors[0].device) if not interp else nullcontext()
         with on_device:
-            first = getattr(self._module, self.name)[s.grid](*args, num_warps=s.num_warps)
+            kernel = getattr(self._module, self.name)
+            first = kernel[s.grid](*args, num_warps=s.num_warps, **TRITON_OPTIONS)
             fin = None
             if self.workspaces:
                 finalize = getattr(self._module, self.name + "_finalize")
-                fin = finalize[(s.grid[0],)](*args, num_warps=4)
+                fin = finalize[(s.grid[0],)](*args, num_warps=4, **TRITON_OPTIONS)
         if not interp and first is not None:
             self._compiled, self._finalize = first, fin
             self._fast = _direct_launches(first, self._grid3, fin)

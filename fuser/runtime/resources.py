@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fuser.config import use_interpreter
+from fuser.runtime.triton_backend import TRITON_OPTIONS
 
 TL_PTR = {
     "float32": "*fp32",
@@ -104,7 +105,9 @@ def _compile_triton(job: dict) -> dict:
         attrs = {(i,): [["tt.divisibility", 16]] for i in job["aligned"]}
         src = ASTSource(fn=fn, signature=job["signature"], constexprs={}, attrs=attrs)
         compiled = triton.compile(
-            src, target=GPUTarget("cuda", job["arch"], 32), options={"num_warps": job["num_warps"]}
+            src,
+            target=GPUTarget("cuda", job["arch"], 32),
+            options={"num_warps": job["num_warps"], **TRITON_OPTIONS},
         )
         res = cubin_resources(compiled.asm["cubin"])
     return _with_spills(res.get(job["name"]) or next(iter(res.values())))

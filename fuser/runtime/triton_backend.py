@@ -18,6 +18,11 @@ from fuser.config import use_interpreter
 from fuser.errors import FuserError
 from fuser.runtime.cache import atomic_write, cache_root, digest
 
+# Compile options of every generated kernel. No floating-point contraction: LLVM would fuse
+# a multiply into a later add or subtract across ops eager rounds one by one (x*y - x*y
+# gave the product's rounding error instead of 0; max(v, x*v) - x*v gave +-60 at 1e9).
+TRITON_OPTIONS = {"enable_fp_fusion": False}
+
 _lock = threading.Lock()
 _modules: dict[tuple[str, bool], Any] = {}
 # Triton's interpreter keeps the running grid (its size, the program ids) and its patches

@@ -180,7 +180,7 @@ def _build(text: str) -> ctypes.CDLL:
         if not lib.exists():
             src.write_text(text)
             tmp = folder / f"k_{key}.{threading.get_ident()}.so"
-            cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread"]
+            cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]
             cmd += ["-w", str(src), "-o", str(tmp)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
