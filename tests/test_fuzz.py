@@ -724,11 +724,11 @@ def test_no_multiply_add_contraction(build_fn, shape, dtype: str, scale: float, 
     assert torch.equal(gap == 0, fd.reference(inputs)[0] == 0)
 
 
-@pytest.mark.xfail(strict=True, reason="known: scalar-mul-reference")
 def test_scalar_product_compared_at_a_tie() -> None:
     """Soak seed 12: 0.001 * (x + x) == 0.1 for fp16 x = 50 is True in the kernel and in
-    eager (`0.001 * t`, the scalar unrounded), False in the reference evaluator, which
-    rounds the scalar to fp16 first (fuser/fuzz/known.py)."""
+    eager (`0.001 * t`, the scalar unrounded); the reference evaluator made the scalar a
+    0-d float32 tensor, which ATen rounds to fp16 first (False). It passes a constant to
+    mul/div as the Python number now, the tensor first."""
     fd = define(_scaled_compare)
     spec = InputSpec((1, 64, 511), "float16", "contiguous")
     inputs = [make_input(spec, 4036, 30.0, device=DEVICE)]

@@ -31,7 +31,7 @@ import torch
 
 from fuser.frontend.fusion_definition import FusionDefinition
 from fuser.ir.dtypes import DType
-from fuser.ir.evaluate import eval_node, tolerance
+from fuser.ir.evaluate import constant_ids, eval_node, tolerance
 from fuser.ir.graph import Graph, Node
 from fuser.ir.ops import COMPOSITE, REDUCE, Op
 from fuser.passes import run_pipeline
@@ -93,8 +93,10 @@ def _moved(
     return torch.where(t.isfinite(), t + s * rel * (t.abs() + floor), t)  # inf stays inf
 
 
-def _eval(node: Node, args: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    outs = eval_node(node, args, device)
+def _eval(
+    node: Node, args: list[torch.Tensor], device: torch.device, constants: frozenset[int]
+) -> list[torch.Tensor]:
+    outs = eval_node(node, args, device, constants)
     # ATen's var_mean and native_layer_norm (Welford) give NaN or +-inf for the mean of a
     # row holding an infinity depending on where it sits ([inf, 1] -> NaN, [1, inf] ->
     # inf, [inf] -> NaN); judge against torch.mean, which is what the mean is
@@ -155,6 +157,7 @@ def reference(
     for v, t in zip(graph.inputs, inputs):
         env[v.id] = t.double() if wide and t.is_floating_point() else t
     device = inputs[0].device if inputs else torch.device("cpu")
+    constants = constant_ids(graph)
     for node in graph.nodes:
         args = [env[v.id] for v in node.inputs]
         if seed is not None and (node.op in REDUCE or node.op in COMPOSITE):
@@ -165,7 +168,7 @@ def reference(
             # wider than the operands' own perturbations, which stack up along a chain
             outs = [_compare_with_ties(node, args, 16 * eps32)]
         else:
-            outs = _eval(node, args, device)
+            outs = _eval(node, args, device, constants)
             if wide:
                 outs = [o.double() if o.is_floating_point() else o for o in outs]
         if rounded:

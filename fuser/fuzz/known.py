@@ -31,29 +31,10 @@ def _nan_source(case: FuzzCase) -> bool:
     return case.specials != "none" or any(math.isnan(a) for a in consts)
 
 
-def _scalar_product_compared(message: str, case: FuzzCase) -> bool:
-    """A bool output from a 16-bit tensor multiplied or divided by a float scalar."""
-    half = any(i.dtype in ("float16", "bfloat16") for i in case.inputs)
-    scaled = any(
-        s.op in ("mul", "div") and any(isinstance(a, float) for a in s.args) for s in case.steps
-    )
-    return half and scaled and "(torch.bool)" in message
-
-
-# the last five before this one (mixed-dtype math, float16 with bfloat16, the outer
-# reduction's scalar nodes, bf16 where and 0-d `&` under the interpreter) were fixed in
-# fuser/codegen
-KNOWN: tuple[Known, ...] = (
-    Known(
-        # The reference evaluator makes a float scalar a 0-d float32 tensor, which ATen
-        # rounds to the 16-bit tensor's dtype before a mul/div (0.001 -> 0.0010004); the
-        # kernels keep it unrounded, as eager's `x * 0.001` does with a Python number. The
-        # products differ by an ulp, and a comparison of them at a tie (== 0.1) flips.
-        "scalar-mul-reference",
-        "tests/test_fuzz.py::test_scalar_product_compared_at_a_tie",
-        _scalar_product_compared,
-    ),
-)
+# none open: the last six (mixed-dtype math, float16 with bfloat16, the outer reduction's
+# scalar nodes, bf16 where and 0-d `&` under the interpreter; the reference rounding a
+# float scalar before a 16-bit mul) were fixed
+KNOWN: tuple[Known, ...] = ()
 
 
 def known_issue(message: str, case: FuzzCase) -> str | None:

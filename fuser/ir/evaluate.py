@@ -105,7 +105,21 @@ def _composite(node: Node, args: list[T]) -> list[T]:
     raise NotImplementedError(op)
 
 
-def eval_node(node: Node, args: list[T], device: torch.device) -> list[T]:
+# binary ops whose constant operand acts as eager's Python number: ATen would round a
+# 0-d float32 tensor to a 16-bit tensor's dtype first; `x * 0.001` keeps 0.001 (as the
+# kernels do). (add/sub constants are rounded by the builder already, as eager's CPU add.)
+_NUMBER_OPERAND = {Op.MUL, Op.DIV}
+
+
+def constant_ids(graph: Graph) -> frozenset[int]:
+    """Ids of the values CONST nodes define (eval_node's `constants`)."""
+    return frozenset(n.out.id for n in graph.nodes if n.op == Op.CONST)
+
+
+def eval_node(
+    node: Node, args: list[T], device: torch.device, constants: frozenset[int] = frozenset()
+) -> list[T]:
+    """One node with ATen. `constants`: ids of values that are CONST nodes' scalars."""
     op = node.op
     if op == Op.CONST:
         return [torch.tensor(node.attr("value"), dtype=node.attr("dtype").torch, device=device)]
@@ -119,7 +133,15 @@ def eval_node(node: Node, args: list[T], device: torch.device) -> list[T]:
     if op in UNARY:
         return [UNARY[op](args[0])]
     if op in BINARY:
-        return [BINARY[op](args[0], args[1])]
+        a, b = args
+        if op in _NUMBER_OPERAND and a.dim() + b.dim() > 0:
+            a, b = (
+                t.item() if v.id in constants and t.dim() == 0 and t.is_floating_point() else t
+                for t, v in zip(args, node.inputs)
+            )
+            if op == Op.MUL and not isinstance(a, torch.Tensor):
+                a, b = b, a  # `0.001 * x` is x.__rmul__: ATen's CPU mul(0.001, x) rounds it
+        return [BINARY[op](a, b)]
     if op == Op.WHERE:
         return [torch.where(*args)]
     if op == Op.CAST:
@@ -145,12 +167,13 @@ def evaluate(graph: Graph, inputs: list[T], upcast: bool = False) -> list[T]:
     env: dict[int, T] = {}
     for v, t in zip(graph.inputs, inputs):
         env[v.id] = _upcast(t) if upcast else t
+    constants = constant_ids(graph)
     for node in graph.nodes:
         args = [env[v.id] for v in node.inputs]
         if upcast and node.op == Op.CAST and node.attr("dtype").is_float:
             outs = [_upcast(args[0].to(node.attr("dtype").torch))]  # keep the rounding
         else:
-            outs = eval_node(node, args, device)
+            outs = eval_node(node, args, device, constants)
             if upcast:
                 outs = [_upcast(o) for o in outs]
         for v, t in zip(node.outputs, outs):

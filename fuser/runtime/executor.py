@@ -12,7 +12,7 @@ import torch
 
 from fuser.config import config, debug_print
 from fuser.errors import FuserError
-from fuser.ir.evaluate import eval_node, evaluate
+from fuser.ir.evaluate import constant_ids, eval_node, evaluate
 from fuser.ir.graph import Graph, Value
 from fuser.passes import Pipeline, run_pipeline
 from fuser.runtime.kernel import Kernel
@@ -70,6 +70,7 @@ class CompiledFusion:
         final = self.pipeline.final
         self._input_ids = [v.id for v in final.inputs]
         self._output_ids = [v.id for v in final.outputs]
+        self._constants = constant_ids(final)
         self._direct = self._direct_plan()
 
     def _direct_plan(self) -> tuple | None:
@@ -116,7 +117,7 @@ class CompiledFusion:
             kernel = self.kernels.get(seg.index)
             if kernel is None:
                 for n in seg.nodes:
-                    outs = eval_node(n, [env[v.id] for v in n.inputs], dev)
+                    outs = eval_node(n, [env[v.id] for v in n.inputs], dev, self._constants)
                     for v, t in zip(n.outputs, outs):
                         env[v.id] = t
                 continue
