@@ -140,18 +140,16 @@ def run_impl(impl: str, args: argparse.Namespace, batches: list, out_dir: Path) 
         (out_dir / "gpt2_fuser_explain.txt").write_text(text + "\n")
         brief = fuser.explain(model, print_it=False, brief=True)
         (out_dir / "gpt2_fuser_explain_brief.txt").write_text(brief + "\n")
-    if args.host_profile_steps:
+    for steps, kind, run in (
+        (args.host_profile_steps, "host", host_profile),
+        (args.profile_steps, "profile", profile),
+    ):
+        if not steps:
+            continue
         try:
-            path = out_dir / f"gpt2_host_{impl}.txt"
-            host_profile(kept, impl, batches[0], args.host_profile_steps, path)
+            run(kept, impl, batches[0], steps, out_dir / f"gpt2_{kind}_{impl}.txt")
         except Exception:
-            print(f"host profiling {impl} failed:\n{traceback.format_exc()[-2000:]}", flush=True)
-    if args.profile_steps:
-        try:
-            path = out_dir / f"gpt2_profile_{impl}.txt"
-            profile(kept, impl, batches[0], args.profile_steps, path)
-        except Exception:
-            print(f"profiling {impl} failed:\n{traceback.format_exc()[-2000:]}", flush=True)
+            print(f"{kind} profiling {impl} failed:\n{traceback.format_exc()[-2000:]}", flush=True)
     kept.clear()
     del model
     return res

@@ -7,7 +7,6 @@ then fails as XPASS and says so).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,16 +18,6 @@ class Known:
     id: str
     test: str  # the strict-xfail regression test
     matches: Callable[[str, FuzzCase], bool]
-
-
-def _has(case: FuzzCase, op: str) -> bool:
-    return any(s.op == op for s in case.steps)
-
-
-def _nan_source(case: FuzzCase) -> bool:
-    """NaN in the data, or a NaN constant in the fusion."""
-    consts = [a for s in case.steps for a in s.args if isinstance(a, float)]
-    return case.specials != "none" or any(math.isnan(a) for a in consts)
 
 
 # none open: the last six (mixed-dtype math, float16 with bfloat16, the outer reduction's

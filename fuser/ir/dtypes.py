@@ -111,3 +111,11 @@ def _promote_pair(a: DType, b: DType) -> DType:
     if a == b:
         return a
     return dtype_of(torch.promote_types(a.torch, b.torch))
+
+
+def accumulator(dtype: DType) -> DType:
+    """The dtype reductions of `dtype` accumulate in: float64 stays, other floats sum in
+    float32, integers and bools in int64."""
+    if dtype == DType.float64:
+        return DType.float64
+    return DType.float32 if dtype.is_float else DType.int64

@@ -9,17 +9,15 @@ from typing import Any
 import torch
 
 from fuser.codegen.triton.kernels import workspaces
-from fuser.ir.dtypes import DType
+from fuser.ir.dtypes import DType, accumulator
 from fuser.runtime.triton_backend import TRITON_OPTIONS
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import KernelSpec
 
 
 def accumulator_dtype(dtype: DType) -> torch.dtype:
-    """The dtype reductions accumulate in (the generated kernels' _acc_dtype)."""
-    if dtype == DType.float64:
-        return torch.float64
-    return torch.float32 if dtype.is_float else torch.int64
+    """The dtype reductions accumulate in, as a torch dtype."""
+    return accumulator(dtype).torch
 
 
 def _raw_stream(index: int) -> int:

@@ -24,7 +24,7 @@ from fuser.codegen.triton.templates import (
 from fuser.codegen.writer import Writer
 from fuser.config import use_interpreter
 from fuser.errors import CompileError
-from fuser.ir.dtypes import DType, promote
+from fuser.ir.dtypes import DType, accumulator, promote
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import COMPARE, ELEMENTWISE, LOGICAL, REDUCE, UNARY_BOOL, Op
 from fuser.schedulers.schedule import Schedule
@@ -83,16 +83,8 @@ def compute_dtype(dtype: DType) -> DType:
     return DType.float32 if dtype in HALF else dtype
 
 
-def _acc(dtype: DType) -> DType:
-    if dtype.is_float:
-        return DType.float64 if dtype == DType.float64 else DType.float32
-    return DType.int64
-
-
 def _acc_dtype(dtype: DType) -> str:
-    if dtype.is_float:
-        return "tl.float64" if dtype == DType.float64 else "tl.float32"
-    return "tl.int64"
+    return TL_DTYPE[accumulator(dtype)]
 
 
 class Chunk:
@@ -275,7 +267,7 @@ class TritonKernelWriter:
         lanes set to the reduction's identity."""
         x = node.inputs[0]
         val = (
-            f"tl.broadcast_to({self.to(self.name(x, chunk), _acc(x.dtype), x.dtype)}, "
+            f"tl.broadcast_to({self.to(self.name(x, chunk), accumulator(x.dtype), x.dtype)}, "
             f"{self.tile_shape(chunk)})"
         )
         return f"tl.where({mask}, {val}, {_identity(node.op, x.dtype)})" if mask else val
