@@ -22,7 +22,7 @@ from fuser import FusionDefinition
 from fuser.config import config, use_interpreter
 from fuser.fuzz import __main__ as fuzz_cli
 from fuser.fuzz.case import FuzzCase, InputSpec, Ref, Step, build, make_input, repro, with_layout
-from fuser.fuzz.check import compare, compare_output, reference
+from fuser.fuzz.check import compare, compare_output, judge, reference
 from fuser.fuzz.generator import CPU, GPU, fuzz_cases
 from fuser.fuzz.known import KNOWN, known_issue
 from fuser.fuzz.runner import check_case
@@ -733,3 +733,104 @@ def test_scalar_product_compared_at_a_tie() -> None:
     spec = InputSpec((1, 64, 511), "float16", "contiguous")
     inputs = [make_input(spec, 4036, 30.0, device=DEVICE)]
     assert not compare(fd, inputs), compare(fd, inputs)
+
+
+# -- GPU soak, seed 14 (benchmarks/results/h100-2026-11-22-fuzz-seed13-14) ------------------
+def _exp_through_half(fd: FusionDefinition) -> None:
+    x = fd.define_tensor([-1, -1], F32)
+    half = fd.ops.cast(fd.ops.neg(fd.ops.exp(x)), F16)
+    fd.add_output(fd.ops.cast(half, F32))
+
+
+def test_value_at_a_half_rounding_boundary() -> None:
+    """Soak seed 14: exp(3.0684164) is one float32 ulp above 21.5078125, the midpoint of
+    two float16 neighbours, so a GPU's approximate exp (an ulp low) rounds -exp(x) to
+    -21.5 where eager has -21.515625, and the float32 output is judged at float32's
+    tolerance. The perturbed references missed it: the all-up run moved exp up and then
+    neg up, which cancel. A narrowing cast now moves its operand in the run's direction,
+    so one of the two signed runs lands on the other neighbour, and only there."""
+    fd = define(_exp_through_half)
+    x = randn(2, 16)
+    x[1, 5] = 3.0684164
+    graph = fd.bind([x])
+    eager = fd.reference([x])[0]
+    at = eager[1, 5].item()
+    assert at in (-21.5, -21.515625)
+    other = -21.5 if at == -21.515625 else -21.515625
+    signed = {
+        reference(graph, [x], seed=i, sign=s)[0][1, 5].item() for i, s in ((0, 1.0), (1, -1.0))
+    }
+    assert signed == {-21.5, -21.515625}
+    got = eager.clone()
+    got[1, 5] = other
+    assert not judge(fd, [x], [got])
+    # an element away from a boundary may not move to a neighbour
+    got[0, 3] = float(torch.tensor(got[0, 3].item()).half().float() * (1 + 2**-10))
+    assert "out of tolerance" in "".join(judge(fd, [x], [got]))
+
+
+def _constant_rows_normalized(fd: FusionDefinition, dtype: torch.dtype) -> None:
+    x = fd.define_tensor([-1, -1], dtype)
+    w = fd.define_tensor([-1], dtype)
+    b = fd.define_tensor([-1], dtype)
+    y, mean, rstd = fd.ops.layer_norm(x, weight=w, bias=b, eps=1e-5, return_mean_rstd=True)
+    var, vmean = fd.ops.var_mean(x, dims=[1], correction=1)
+    for t in (y, mean, rstd, var, vmean):
+        fd.add_output(t)
+    # pow amplifies any error in rstd (the soak's exponent reached 1000)
+    fd.add_output(fd.ops.pow(fd.ops.mul(rstd, 0.003), 40.0))  # 0.95^40, not inf
+
+
+@pytest.mark.parametrize("dtype", [F16, F32], ids=["f16", "f32"])
+@pytest.mark.parametrize("cols", [20480, 1000, 3])
+def test_constant_rows_normalize_exactly(cols: int, dtype: torch.dtype) -> None:
+    """Soak seed 14: a layer_norm over a constant fp16 row (734.5 broadcast over 20480
+    columns). The float32 sum of the row rounds, so the plain two-pass x - sum(x)/n was a
+    few ulps, the variance ~1e-6 instead of eager's (Welford's) exact 0, rstd off next to
+    eps=1e-5 and a pow of it off by 4x. The corrected two-pass gives a constant row its
+    exact mean, 0 variance, 0 deviation and so the bias, bit for bit. (On the CPU, numpy's
+    pairwise sum of an fp16 row is exact; a float32 row of 24-bit values is not.)"""
+    fd = define(lambda fd: _constant_rows_normalized(fd, dtype))
+    g = torch.Generator().manual_seed(cols)
+    values = (torch.randn(6, 1, generator=g) * 1000).to(dtype)
+    values[0, 0] = 734.5
+    x = values.expand(6, cols).contiguous().to(DEVICE)
+    x[5] = randn(cols, dtype=dtype, seed=1) * 100 + 5  # and one row that is not constant
+    w = randn(cols, dtype=dtype, seed=2)
+    b = randn(cols, dtype=dtype, seed=3)
+    y, mean, rstd, var, vmean, amplified = fd.execute([x, w, b])
+    const = slice(0, 5)
+    assert torch.equal(y[const], b.expand(5, cols))
+    assert torch.equal(mean[const, 0], x[const, 0].float())
+    assert torch.equal(vmean[const], x[const, 0])
+    assert torch.equal(var[const], torch.zeros_like(var[const]))
+    expected_rstd = torch.rsqrt(torch.tensor(1e-5, dtype=torch.float32)).item()
+    assert torch.allclose(rstd[const], torch.full_like(rstd[const], expected_rstd), rtol=1e-6)
+    assert var[5] > 0 and torch.isfinite(amplified).all() and amplified[0] > 0.1
+    assert_agrees(fd, [x, w, b])
+
+
+@pytest.mark.parametrize(
+    "error,status",
+    [
+        (RuntimeError("Triton Error [CUDA]: out of memory"), "oom"),
+        (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), "error"),
+    ],
+    ids=["triton_module_load", "torch_allocator", "fault"],
+)
+def test_out_of_memory_is_not_a_bug(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, status: str
+) -> None:
+    """Soak seed 13: 16 workers on one GPU ran it out of memory. Triton reports that as a
+    RuntimeError loading a module; it counted as a fuser error (and the CUDA "unknown
+    error" after it as invalid cases). Both ways of running out now count as out of
+    memory; anything else stays an error."""
+    import fuser.fuzz.runner as runner
+
+    def raise_it(*args: object, **kwargs: object) -> list[str]:
+        raise error
+
+    monkeypatch.setattr(runner, "compare", raise_it)
+    out = check_case(LN_CASE, "cpu")
+    assert out.status == status, out.problems

@@ -35,6 +35,17 @@ class Outcome:
     fallbacks: int = 0
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """The GPU's memory ran out (workers sharing one GPU: not a fuser bug), however it
+    shows: torch's OutOfMemoryError, or Triton's RuntimeError "out of memory" from
+    loading a compiled module."""
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def _oom(e: BaseException) -> Outcome:
+    return Outcome("oom", [f"{type(e).__name__}: {str(e)[:200]}"])
+
+
 def check_case(case: FuzzCase, device: str = "cpu", runs: int = 1) -> Outcome:
     """Build, run and compare one case."""
     try:
@@ -42,12 +53,14 @@ def check_case(case: FuzzCase, device: str = "cpu", runs: int = 1) -> Outcome:
         inputs = make_inputs(case, device)
         fd.reference(inputs)
     except Exception as e:  # the definition or ATen rejects it: the generator's fault
+        if out_of_memory(e):
+            return _oom(e)
         return Outcome("invalid", [f"{type(e).__name__}: {e}"])
     try:
         problems = compare(fd, inputs, runs=runs)
-    except torch.cuda.OutOfMemoryError as e:  # workers sharing one GPU: not a fuser bug
-        return Outcome("oom", [f"OutOfMemoryError: {str(e)[:200]}"])
     except Exception as e:
+        if out_of_memory(e):
+            return _oom(e)
         tb = traceback.format_exc(limit=-4)
         return Outcome("error", [f"{type(e).__name__}: {str(e)[:2000]}\n{tb}"])
     kinds = [k.schedule.kind for k in fd.kernels]
@@ -116,6 +129,12 @@ def run_batch(
             return  # out of time: let hypothesis wind down
         out = check_case(case, device, runs)
         count["shrink" if shrinking else "generate"] += 1
+        if out.status in ("error", "invalid") and stats.out_of_memory and _gpu_lost(device):
+            # after an out-of-memory the context may be poisoned: Triton's failed module
+            # load leaves "CUDA error: unknown error" on everything after it; this worker
+            # stops (and is replaced), and the case counts with the out-of-memory ones
+            out = Outcome("oom", out.problems)
+            stats.cuda_lost = True
         if out.status == "oom":
             stats.out_of_memory += 1
             return
@@ -225,6 +244,10 @@ def run_for(
     return stats
 
 
+def _gpu_lost(device: str) -> bool:
+    return device.startswith("cuda") and _cuda_broken()
+
+
 def _cuda_broken() -> bool:
     try:
         torch.cuda.synchronize()
@@ -233,4 +256,14 @@ def _cuda_broken() -> bool:
         return True
 
 
-__all__ = ["CPU", "GPU", "Failure", "Outcome", "Stats", "check_case", "run_batch", "run_for"]
+__all__ = [
+    "CPU",
+    "GPU",
+    "Failure",
+    "Outcome",
+    "Stats",
+    "check_case",
+    "out_of_memory",
+    "run_batch",
+    "run_for",
+]
