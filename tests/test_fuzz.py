@@ -769,45 +769,77 @@ def test_value_at_a_half_rounding_boundary() -> None:
     assert "out of tolerance" in "".join(judge(fd, [x], [got]))
 
 
-def _constant_rows_normalized(fd: FusionDefinition, dtype: torch.dtype) -> None:
-    x = fd.define_tensor([-1, -1], dtype)
-    w = fd.define_tensor([-1], dtype)
-    b = fd.define_tensor([-1], dtype)
-    y, mean, rstd = fd.ops.layer_norm(x, weight=w, bias=b, eps=1e-5, return_mean_rstd=True)
-    var, vmean = fd.ops.var_mean(x, dims=[1], correction=1)
-    for t in (y, mean, rstd, var, vmean):
+def _broadcast_row_normalized(fd: FusionDefinition, cols: int) -> None:
+    # the soak's shape: a per-row value broadcast over the row, rounded to fp16
+    per_row = fd.define_tensor([1, 3], F32)
+    wide = fd.ops.broadcast_in_dim(per_row, shape=[1, 3, cols], broadcast_dims=[0, 1])
+    row = fd.ops.cast(wide, F16)
+    y, mean, rstd = fd.ops.layer_norm(row, eps=1e-5, return_mean_rstd=True)
+    for t in (y, mean, rstd):
         fd.add_output(t)
-    # pow amplifies any error in rstd (the soak's exponent reached 1000)
+    as_float = fd.ops.cast(row, F32)
+    fd.add_output(fd.ops.sum(as_float, dims=[2]))
+    fd.add_output(fd.ops.max(as_float, dims=[2]))
+    # pow amplifies any error in rstd (the soak's pow turned a 14x error into 4x)
     fd.add_output(fd.ops.pow(fd.ops.mul(rstd, 0.003), 40.0))  # 0.95^40, not inf
 
 
-@pytest.mark.parametrize("dtype", [F16, F32], ids=["f16", "f32"])
 @pytest.mark.parametrize("cols", [20480, 1000, 3])
-def test_constant_rows_normalize_exactly(cols: int, dtype: torch.dtype) -> None:
-    """Soak seed 14: a layer_norm over a constant fp16 row (734.5 broadcast over 20480
-    columns). The float32 sum of the row rounds, so the plain two-pass x - sum(x)/n was a
-    few ulps, the variance ~1e-6 instead of eager's (Welford's) exact 0, rstd off next to
-    eps=1e-5 and a pow of it off by 4x. The corrected two-pass gives a constant row its
-    exact mean, 0 variance, 0 deviation and so the bias, bit for bit. (On the CPU, numpy's
-    pairwise sum of an fp16 row is exact; a float32 row of 24-bit values is not.)"""
-    fd = define(lambda fd: _constant_rows_normalized(fd, dtype))
-    g = torch.Generator().manual_seed(cols)
-    values = (torch.randn(6, 1, generator=g) * 1000).to(dtype)
+def test_sum_of_a_broadcast_row(cols: int) -> None:
+    """Soak seed 14: a layer_norm over a per-row value broadcast across 20480 columns
+    gave rstd 22 where eager has 316. Triton laid the [1, 1] value broadcast to
+    [1, 4096] out with the whole row in every thread and summed it serially: 20480
+    copies of 746.5 came to 15287396, not 15288320, and x - mean was 0.045, not 0. A
+    reduction of a value that is the same across the row is now n * x (a sum) or x (a
+    max or min), never a tl.sum of a broadcast."""
+    fd = define(lambda fd: _broadcast_row_normalized(fd, cols))
+    per_row = torch.tensor([[-118.7372, 211.0013, 746.2682]], device=DEVICE)
+    y, mean, rstd, total, top, amplified = fd.execute([per_row])
+    row = per_row.half().float()
+    assert torch.equal(total, row * cols)  # exact: n * x fits float32 here
+    assert torch.equal(top, row)
+    assert torch.equal(mean.flatten(), row.flatten())
+    assert torch.equal(y, torch.zeros_like(y))
+    expected_rstd = torch.rsqrt(torch.tensor(1e-5)).item()
+    assert torch.allclose(rstd, torch.full_like(rstd, expected_rstd), rtol=1e-6)
+    assert amplified.min() > 0.1
+    assert_agrees(fd, [per_row])
+    # on any machine: the kernel for an H100 sums the broadcast row as a product
+    (kernel,) = fd.compile([per_row.cpu()], device="h100")
+    if kernel.backend == "triton" and kernel.schedule.kind == "inner_persistent":
+        # every reduction here is of a row-constant value (the squares of x - mean too)
+        source = kernel.source
+        assert "tl.sum(" not in source and "tl.reduce(" not in source, source
+        assert f"* {cols}" in source
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16, F32], ids=["f16", "bf16", "f32"])
+def test_constant_rows_normalize(dtype: torch.dtype) -> None:
+    """Materialized constant rows: a 16-bit value's float32 sums are exact (every partial
+    sum k * x fits 24 bits), so a layer_norm gives the bias, mean x and variance 0 as
+    eager's Welford does; a float32 row of 24-bit values has a two-pass variance within
+    float32 rounding of 0, which the checker accepts."""
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1], dtype)
+        b = fd.define_tensor([-1], dtype)
+        y, mean, _ = fd.ops.layer_norm(x, bias=b, eps=1e-5, return_mean_rstd=True)
+        var, _ = fd.ops.var_mean(x, dims=[1], correction=1)
+        for t in (y, mean, var):
+            fd.add_output(t)
+
+    fd = define(build_fn)
+    cols = 20480
+    values = (torch.randn(4, 1, generator=torch.Generator().manual_seed(0)) * 1000).to(dtype)
     values[0, 0] = 734.5
-    x = values.expand(6, cols).contiguous().to(DEVICE)
-    x[5] = randn(cols, dtype=dtype, seed=1) * 100 + 5  # and one row that is not constant
-    w = randn(cols, dtype=dtype, seed=2)
+    x = values.expand(4, cols).contiguous().to(DEVICE)
     b = randn(cols, dtype=dtype, seed=3)
-    y, mean, rstd, var, vmean, amplified = fd.execute([x, w, b])
-    const = slice(0, 5)
-    assert torch.equal(y[const], b.expand(5, cols))
-    assert torch.equal(mean[const, 0], x[const, 0].float())
-    assert torch.equal(vmean[const], x[const, 0])
-    assert torch.equal(var[const], torch.zeros_like(var[const]))
-    expected_rstd = torch.rsqrt(torch.tensor(1e-5, dtype=torch.float32)).item()
-    assert torch.allclose(rstd[const], torch.full_like(rstd[const], expected_rstd), rtol=1e-6)
-    assert var[5] > 0 and torch.isfinite(amplified).all() and amplified[0] > 0.1
-    assert_agrees(fd, [x, w, b])
+    assert_agrees(fd, [x, b])
+    if dtype != F32:
+        y, mean, var = fd.execute([x, b])
+        assert torch.equal(y, b.expand(4, cols))
+        assert torch.equal(mean[:, 0], x[:, 0].float())
+        assert torch.equal(var, torch.zeros_like(var))
 
 
 @pytest.mark.parametrize(

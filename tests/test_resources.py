@@ -13,9 +13,8 @@ SWEEP = [768, 1024, 1280, 1536, 1600, 2048, 2560, 4096, 5140, 12288, 16384, 2048
 # Sizes where the estimate still misses ptxas by more than max(15%, 8 registers). Strict:
 # the test fails once the model is fixed, so an entry must then be removed (768, a one-warp
 # block, was one until the model priced the registers ptxas spends there: now 60 vs 62).
-# (5140 was one while layer_norm's plain two-pass variance let ptxas fit it in 48; the
-# corrected two-pass's second sum puts it at 56, the model's 58)
-ESTIMATE_MISSES: set[int] = set()
+# 5140: since kernels compile without FMA contraction, ptxas uses 48 where the model says 58
+ESTIMATE_MISSES: set[int] = {5140}
 
 
 def _meta(rows: int, h: int) -> list[torch.Tensor]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
 
 from fuser.frontend.builder import Tensor
 from fuser.frontend.ops import Ops
@@ -55,44 +54,13 @@ def _mean(ops: Ops, node: Node, x: Tensor) -> list[Tensor]:
     return [_down(ops, ops.div(s, _count(x, dims)), x)]
 
 
-class _Moments(NamedTuple):
-    mean: Tensor  # over the reduced dims
-    m2: Tensor  # the sum of squared deviations from the mean
-    deviation: Tensor  # xf - guess, full shape: xf - mean is deviation - shift
-    shift: Tensor  # mean - guess, over the reduced dims (before the NaN guard)
-
-
-def _moments(ops: Ops, xf: Tensor, dims: tuple[int, ...], kept: list[int], n: object) -> _Moments:
-    """Mean and squared deviations of `xf` over `dims`, by the corrected two-pass.
-
-    A float32 sum of a constant row is not n * x (20480 copies of 734.5 round), so
-    x - sum(x)/n is a few ulps, not 0, and a plain two-pass variance of a constant row
-    is ~1e-6 where eager's Welford gives exactly 0 (then rstd is off by percents next to
-    eps=1e-5). Here the first mean is a guess g; the second pass sums both d = x - g and
-    d * d, which moves the mean to g + sum(d)/n (exactly x for a constant row: the sum
-    of identical small d is exact, and g + d rounds to the representable x) and takes
-    sum(d)^2/n off the squares (Chan, Golub and LeVeque's correction; 0 for a constant
-    row). Same passes over the row as two-pass, one more sum in the second; more
-    accurate for every row, not only constant ones. A caller that needs xf - mean takes
-    d - sum(d)/n (x dies once d exists: a persistent row holds one copy in registers).
-    """
-    guess = ops.div(ops.sum(xf, dims=dims), n)
-    d = ops.sub(xf, _bcast(ops, guess, xf, kept))
-    s1 = ops.sum(d, dims=dims)
-    s2 = ops.sum(ops.mul(d, d), dims=dims)
-    shift = ops.div(s1, n)
-    # a row holding an infinity: guess is +-inf, d NaN; keep torch.mean's inf as the mean
-    mean = ops.add(guess, ops.where(ops.isnan(shift), 0.0, shift))
-    # rounding may leave the difference a hair below 0; NaN stays NaN
-    m2 = ops.maximum(ops.sub(s2, ops.mul(s1, shift)), 0.0)
-    return _Moments(mean, m2, d, shift)
-
-
 def _var_mean(ops: Ops, node: Node, x: Tensor) -> list[Tensor]:
     dims, kept = _norm_dims(x, node.attr("dims"))
     keep, n = node.attr("keepdim"), _count(x, dims)
-    mean, m2, _, _ = _moments(ops, _up(ops, x), dims, kept, n)
-    var = ops.div(m2, n - node.attr("correction"))
+    xf = _up(ops, x)
+    mean = ops.div(ops.sum(xf, dims=dims), n)
+    d = ops.sub(xf, _bcast(ops, mean, xf, kept))
+    var = ops.div(ops.sum(ops.mul(d, d), dims=dims), n - node.attr("correction"))
     if keep:
         shape = [1 if i in dims else s for i, s in enumerate(x.shape)]
         var, mean = (ops.broadcast_in_dim(t, shape=shape, broadcast_dims=kept) for t in (var, mean))
@@ -116,17 +84,11 @@ def _layer_norm(ops: Ops, node: Node, x: Tensor, *rest: Tensor) -> list[Tensor]:
     params = dict(zip(node.attr("params"), rest))
     last, n = x.ndim - 1, x.shape[-1]
     xf = _up(ops, x)
-    mean, m2, d, shift = _moments(ops, xf, (last,), list(range(last)), n)
-    var = ops.div(m2, n)
+    mean = ops.div(ops.sum(xf, dims=[last]), n)
+    d = ops.sub(xf, _row_stat(ops, mean, xf))
+    var = ops.div(ops.sum(ops.mul(d, d), dims=[last]), n)
     rstd = ops.rsqrt(ops.add(var, node.attr("eps")))
-    # (d - shift) * rstd as d * rstd - shift * rstd: every row element then waits for
-    # rstd, so the compiler cannot start on d - shift while the sum of squares is still
-    # in flight and hold both (ptxas: 75 registers instead of 62 at H=16384, which
-    # halved the blocks per SM). A constant row still gives exactly 0: d == shift.
-    normalized = ops.sub(
-        ops.mul(d, _row_stat(ops, rstd, xf)), _row_stat(ops, ops.mul(shift, rstd), xf)
-    )
-    y = _affine(ops, normalized, params)
+    y = _affine(ops, ops.mul(d, _row_stat(ops, rstd, xf)), params)
     out = [_down(ops, y, x)]
     if node.attr("return_mean_rstd"):
         stat = list(x.shape[:-1]) + [1]

@@ -12,7 +12,7 @@ from functools import cached_property
 
 from fuser.ir.dtypes import DType
 from fuser.ir.graph import Node, Value
-from fuser.ir.ops import REDUCE
+from fuser.ir.ops import REDUCE, Op
 from fuser.segmenter import Kind, Layout, Segment
 
 
@@ -81,6 +81,22 @@ class KernelSpec:
             for v in n.outputs:
                 d[v.id] = base + 1 if n.op in REDUCE else base
         return d
+
+    @cached_property
+    def row_constant(self) -> frozenset[int]:
+        """Values equal across a row's columns: ROW and SCALAR values, and FULL ones
+        computed from those alone (a per-row value broadcast over the row, then cast)."""
+        same = {a.value.id for a in self.inputs if a.kind in (Kind.ROW, Kind.SCALAR)}
+        for n in self.nodes:
+            kind = self.kinds.get(n.out.id)
+            if kind in (Kind.ROW, Kind.SCALAR) or (
+                kind == Kind.FULL
+                and n.op not in REDUCE
+                and n.op != Op.IOTA
+                and all(v.id in same for v in n.inputs)
+            ):
+                same.update(v.id for v in n.outputs)
+        return frozenset(same)
 
     @cached_property
     def reductions(self) -> tuple[Node, ...]:

@@ -12,6 +12,7 @@ from fuser.codegen.triton.render import (
     _identity,
 )
 from fuser.codegen.triton.templates import render_op
+from fuser.ir.dtypes import accumulator
 from fuser.ir.graph import Node
 from fuser.ir.ops import REDUCE, Op
 from fuser.schedulers.online import OnlinePair
@@ -110,7 +111,9 @@ def _persistent_body(kw: TritonKernelWriter, em: Emitter, chunks: list[Chunk]) -
     spec, s, w = kw.spec, kw.s, kw.w
     for node in spec.nodes:
         kind = spec.kinds.get(node.out.id)
-        if node.op in REDUCE:
+        if node.op in REDUCE and node.inputs[0].id in spec.row_constant:
+            _reduce_row_constant(kw, em, node, chunks[0])
+        elif node.op in REDUCE:
             for c in chunks:
                 em.ensure_inputs(node, c)
             # full chunks fold lane by lane first: one cross-thread reduction, not one
@@ -137,6 +140,23 @@ def _persistent_body(kw: TritonKernelWriter, em: Emitter, chunks: list[Chunk]) -
                 em.node(node, c)
         else:
             em.node(node, None)
+
+
+def _reduce_row_constant(kw: TritonKernelWriter, em: Emitter, node: Node, chunk: Chunk) -> None:
+    """A reduction of a value that is the same across the row (a per-row value broadcast
+    over it): n * x for a sum, x itself for a max or min. Not a tl.sum of the broadcast:
+    Triton gives a [R, 1] value broadcast to [R, C] a layout in which every thread holds
+    the whole row, and sums it serially. 20480 copies of 746.5 came to 15287396, not
+    15288320, and a layer_norm of that row had rstd 22 instead of 316 (soak seed 14)."""
+    spec, s, w = kw.spec, kw.s, kw.w
+    em.ensure_inputs(node, chunk)
+    x = node.inputs[0]
+    wide = kw.to(kw.name(x, chunk), accumulator(x.dtype), x.dtype)
+    value = f"({wide}) * {spec.cols}" if node.op == Op.SUM else wide
+    w.comment(f"{node.op.value} over the row of a value the same in every column")
+    zeros = f"tl.zeros(({s.rows_per_block}, 1), {_acc_dtype(x.dtype)})"
+    w.line(f"{node.out.name} = {kw.to(f'({zeros} + {value})', node.out.dtype)}")
+    em.maybe_store(node, None)
 
 
 def inner_looped(kw: TritonKernelWriter) -> str:
