@@ -866,3 +866,52 @@ def test_out_of_memory_is_not_a_bug(
     monkeypatch.setattr(runner, "compare", raise_it)
     out = check_case(LN_CASE, "cpu")
     assert out.status == status, out.problems
+
+
+# -- GPU soak, seed 15 (benchmarks/results/h100-2026-11-22-fuzz-seed15) ---------------------
+def test_input_copied_for_one_kernel_only() -> None:
+    """Soak seed 15: a [2, 2] input sliced out of wider rows (strides (5, 1)) fed two
+    kernels: one broadcasting it over [2, 2, 5140], where its two dims must collapse into
+    one row index and cannot, so the runtime passes a contiguous copy; and one reading it
+    as a [2, 2] tile with its own strides. The copy was planned per tensor, not per
+    kernel, so the second kernel read the 4-element copy with row stride 5 (0 and 28544
+    where eager has 0.224 and -0.069). Copies are planned per kernel now."""
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1, -1])
+        small = fd.define_tensor([-1, -1])
+        wide = fd.ops.broadcast_in_dim(small, shape=x.shape, broadcast_dims=[0, 1])
+        fd.add_output(fd.ops.gt(fd.ops.add(x, wide), 0.0))
+        fd.add_output(fd.ops.cast(small, BF16))
+
+    fd = define(build_fn)
+    x = randn(2, 2, 5140)
+    small = randn(2, 5, seed=1)[:, 1:3]
+    assert small.stride() == (5, 1)
+    assert_agrees(fd, [x, small])
+    assert len(fd.kernels) == 2
+    assert torch.equal(fd.execute([x, small])[1], small.to(BF16))
+
+
+def test_rms_norm_of_a_row_holding_inf() -> None:
+    """Soak seed 15 (four cases): CUDA ATen's fused rms_norm of a float16 row holding an
+    infinity is NaN across the row; by its definition x * rsqrt(mean(x^2) + eps), which
+    CPU ATen and fuser compute, the row's finite elements are 0 and its infinities NaN.
+    The checker judges by the definition; this pins fuser's answer."""
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1], F16)
+        w = fd.define_tensor([-1], F16)
+        fd.add_output(fd.ops.rms_norm(fd.ops.neg(x), weight=w, eps=1e-6))
+
+    fd = define(build_fn)
+    x = randn(3, 511, dtype=F16)
+    x[1, 7] = math.inf
+    x[1, 300] = -math.inf
+    w = randn(511, dtype=F16, seed=1)
+    assert_agrees(fd, [x, w])
+    (y,) = fd.execute([x, w])
+    assert y[1, [7, 300]].isnan().all()
+    finite = torch.ones(511, dtype=torch.bool, device=y.device)
+    finite[[7, 300]] = False
+    assert (y[1, finite] == 0).all() and y[[0, 2]].isfinite().all()

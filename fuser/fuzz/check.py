@@ -112,11 +112,26 @@ def _eval(
         x, dims = args[0], list(node.attr("dims"))
         mean = torch.mean(x, dims, keepdim=node.attr("keepdim", False))
         outs = [outs[0], torch.where(outs[1].isnan() & mean.isinf(), mean, outs[1])]
+    if node.op == Op.RMS_NORM:
+        # CUDA ATen's fused rms_norm of a half row holding an infinity is NaN across the
+        # whole row; its definition x * rsqrt(mean(x^2) + eps) (CPU ATen's answer, CUDA's
+        # for float32, and fuser's) is 0 at the finite elements: judge by the definition
+        outs = [torch.where(outs[0].isnan(), _rms_norm_definition(node, args), outs[0])]
     if node.op == Op.LAYER_NORM and node.attr("return_mean_rstd"):
         x = args[0]
         mean = torch.mean(x.to(outs[1].dtype), -1, keepdim=True)
         outs = [outs[0], torch.where(outs[1].isnan() & mean.isinf(), mean, outs[1]), outs[2]]
     return outs
+
+
+def _rms_norm_definition(node: Node, args: list[torch.Tensor]) -> torch.Tensor:
+    x = args[0]
+    wide = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+    y = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + node.attr("eps"))
+    params = dict(zip(node.attr("params"), args[1:]))
+    if "weight" in params:
+        y = y * params["weight"].to(wide.dtype)
+    return y.to(x.dtype)
 
 
 _TIES = {

@@ -63,7 +63,9 @@ class CompiledFusion:
     backend: str
     notes: list[str] = field(default_factory=list)
     compile_seconds: float = 0.0
-    copied: set[int] = field(default_factory=set)  # inputs passed as contiguous copies
+    # (segment, value) pairs passed as contiguous copies: per segment, since the same
+    # tensor may be a 2D view in one kernel's layout and not in another's
+    copied: set[tuple[int, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         # read on every call: derived once here
@@ -127,7 +129,7 @@ class CompiledFusion:
                     t = env[vid] = torch.empty(shape, dtype=dtype, device=dev)
                 else:
                     t = env[vid]
-                    if copied and vid in copied:  # not a 2D view: planned as a copy
+                    if copied and (seg.index, vid) in copied:  # planned as a copy
                         t = t.contiguous()
                 args.append(t)
             kernel.launch(args)
@@ -214,7 +216,7 @@ def build_specs(
     segments: list[Segment],
     inputs: list[Any],
     name: str,
-    copied: set[int],
+    copied: set[tuple[int, int]],
     notes: list[str] | None = None,
 ) -> dict[int, KernelSpec]:
     facts: dict[int, tuple[Any, int]] = {}
@@ -243,7 +245,7 @@ def build_specs(
                 if st is None:  # not a 2D view: the runtime passes a contiguous copy
                     st = view_2d(_Meta(_shape(v)), kind, layout.rows)
                     align = 16
-                    copied.add(v.id)
+                    copied.add((seg.index, v.id))
                 args.append(Arg(v, kind, is_out, st[0], st[1], align))
         flat = _flat_pointwise(seg, args)
         if flat is not None:
@@ -271,7 +273,7 @@ def plan(
         )
         return CompiledFusion(pipeline, [seg], {}, device, backend, ["empty tensors"])
     segments = segment(final)
-    copied: set[int] = set()
+    copied: set[tuple[int, int]] = set()
     specs = build_specs(final, segments, inputs, name, copied, notes)
     kernels = {}
     for idx, spec in specs.items():
@@ -279,7 +281,7 @@ def plan(
         kernels[idx] = render_kernel(spec, schedule, backend)
     if copied:
         notes.append(
-            "inputs " + ", ".join(f"t{i}" for i in sorted(copied)) + " are not 2D "
+            "inputs " + ", ".join(f"t{i}" for i in sorted({v for _, v in copied})) + " are not 2D "
             "views (their row dims do not collapse); they are passed as contiguous copies"
         )
     cf = CompiledFusion(pipeline, segments, kernels, device, backend, notes, copied=copied)
