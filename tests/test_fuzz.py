@@ -915,3 +915,38 @@ def test_rms_norm_of_a_row_holding_inf() -> None:
     finite = torch.ones(511, dtype=torch.bool, device=y.device)
     finite[[7, 300]] = False
     assert (y[1, finite] == 0).all() and y[[0, 2]].isfinite().all()
+
+
+# -- GPU soak, seed 16 (benchmarks/results/h100-2026-11-22-fuzz-seed15-16) ------------------
+def _sin_of_exp(fd: FusionDefinition) -> None:
+    fd.add_output(fd.ops.sin(fd.ops.exp(fd.define_tensor([-1, -1], F32))))
+
+
+def test_sin_of_an_approximate_exp() -> None:
+    """Soak seed 16: the GPU's exp(5.7796) is 3 ulps below torch's 323.63718, and sin
+    there moves 3e-5 an ulp: -0.053017 against eager's -0.053108. The perturbed runs
+    moved exp up and then sin's result up by as much as its argument's move, which
+    cancel where sin decreases; sin and cos now take their argument moved instead."""
+    fd = define(_sin_of_exp)
+    x = randn(4, 9)
+    x[2, 5] = 5.779623031616211
+    eager = fd.reference([x])[0]
+    assert abs(eager[2, 5].item() - -0.053108197) < 1e-6
+    got = eager.clone()
+    got[2, 5] = -0.053016774  # sin of the float32 three below exp's
+    assert not judge(fd, [x], [got])
+    got[2, 5] = -0.055  # 60 ulps of the argument: not an approximate exp
+    assert "out of tolerance" in "".join(judge(fd, [x], [got]))
+
+
+def test_inf_where_float64_overflows_the_output() -> None:
+    """Soak seed 16: a float32 pow at 3.409e38 in float64, past float32's largest value:
+    fuser's more accurate row sum gave inf, eager's 3.08e38. The float64 evaluation is
+    judged as the output dtype holds it (inf), so fuser's inf is right; an inf where
+    float64 stays inside float32's range is still wrong."""
+    eager = torch.tensor([3.0776e38, 1.0])
+    ref64 = torch.tensor([3.4091e38, 1.0], dtype=torch.float64)
+    got = torch.tensor([math.inf, 1.0])
+    assert compare_output(0, got, eager, ref64, [ref64], 1) is None
+    inside = torch.tensor([3.30e38, 1.0], dtype=torch.float64)
+    assert "inf differs" in (compare_output(0, got, eager, inside, [inside], 1) or "")
