@@ -950,3 +950,68 @@ def test_inf_where_float64_overflows_the_output() -> None:
     assert compare_output(0, got, eager, ref64, [ref64], 1) is None
     inside = torch.tensor([3.30e38, 1.0], dtype=torch.float64)
     assert "inf differs" in (compare_output(0, got, eager, inside, [inside], 1) or "")
+
+
+# the soak's case (batch seed 17500013); `make_input` draws its data, infinities and NaNs
+def _cancelled_gelu_compared(fd: FusionDefinition) -> None:
+    t0 = fd.define_tensor(shape=[-1, -1], dtype=F32)
+    t1 = fd.ops.gelu(t0, approximate="none")
+    t2 = fd.ops.le(t1, t0)
+    t3 = fd.ops.where(t2, t0, t1)
+    t4 = fd.ops.cast(t3, dtype=BF16)
+    t5 = fd.define_tensor(shape=[1, 31], dtype=F32)
+    t6 = fd.ops.abs(t1)
+    t7 = fd.define_scalar(0.01, dtype=F32)
+    t8 = fd.ops.add(t6, t7)
+    t9 = fd.ops.broadcast_in_dim(t5, shape=[t0.shape[0], 31], broadcast_dims=[0, 1])
+    t10 = fd.ops.broadcast_in_dim(t8, shape=[t0.shape[0], 31], broadcast_dims=[0, 1])
+    t11 = fd.ops.div(t9, t10)
+    t12 = fd.define_tensor(shape=[1, -1], dtype=BF16)
+    t13 = fd.ops.abs(t4)
+    t14 = fd.define_scalar(1.0, dtype=F32)
+    t15 = fd.ops.add(t13, t14)
+    t16 = fd.ops.broadcast_in_dim(t12, shape=[t0.shape[0], t12.shape[1]], broadcast_dims=[0, 1])
+    t17 = fd.ops.broadcast_in_dim(t15, shape=[t0.shape[0], t12.shape[1]], broadcast_dims=[0, 1])
+    t18 = fd.ops.div(t16, t17)
+    t19 = fd.ops.rms_norm(t4, eps=1e-06)
+    t20 = fd.define_scalar(0.0, dtype=F32)
+    fd.ops.minimum(t20, t13)  # unused, as in the soak's case
+    t22 = fd.ops.ge(t6, t19)
+    t23 = fd.ops.where(t22, t0, t4)
+    t24 = fd.ops.broadcast_in_dim(t23, shape=[t0.shape[0], 31], broadcast_dims=[0, 1])
+    t25 = fd.ops.add(t24, t11)
+    t26 = fd.ops.max(t3, dims=[1], keepdim=False)
+    t27 = fd.ops.broadcast_in_dim(t26, shape=[t0.shape[0], t0.shape[1]], broadcast_dims=[0])
+    t28 = fd.ops.abs(t27)
+    t29 = fd.define_scalar(1.0, dtype=F32)
+    t30 = fd.ops.add(t28, t29)
+    t31 = fd.ops.rsqrt(t30)
+    t32 = fd.ops.mul(t3, t31)
+    t33 = fd.ops.lt(t1, t23)
+    t34 = fd.ops.where(t33, t32, t8)
+    t35 = fd.ops.broadcast_in_dim(t18, shape=[t0.shape[0], t0.shape[1]], broadcast_dims=[0, 1])
+    t36 = fd.ops.sub(t34, t35)
+    fd.add_output(t1)
+    fd.add_output(t4)
+    fd.add_output(t8)
+    fd.add_output(t15)
+    fd.add_output(t25)
+    fd.add_output(t26)
+    fd.add_output(t34)
+    fd.add_output(t36)
+
+
+@pytest.mark.xfail(strict=True, reason="known: erf-cancelled-comparison (fuser/fuzz/known.py)")
+def test_comparison_of_a_cancelled_gelu() -> None:
+    """Soak seed 16: where(lt(gelu(x), bf16(gelu(x))), NaN path, ...) at x = -4.555:
+    fuser's gelu is below its bf16 rounding, float64's and the perturbed runs' above it.
+    Open: a checker limit (see known.py), xfailed until the checker can judge it."""
+    fd = define(_cancelled_gelu_compared)
+    specs = [
+        InputSpec((1000, 31), "float32", "contiguous", symbolic=True),
+        InputSpec((1, 31), "float32", "contiguous"),
+        InputSpec((1, 31), "bfloat16", "offset", symbolic=True),
+    ]
+    seeds = (1386366, 1386367, 1386368)
+    inputs = [make_input(s, i, 3.0, "nan_inf", device=DEVICE) for s, i in zip(specs, seeds)]
+    assert_agrees(fd, inputs)
