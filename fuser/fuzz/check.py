@@ -188,16 +188,11 @@ def reference(
         args = [env[v.id] for v in node.inputs]
         if seed is not None and (node.op in REDUCE or node.op in COMPOSITE):
             args = [_moved(a, eps32, sign, g) if a.is_floating_point() else a for a in args]
-        if seed is not None and node.op in (Op.SIN, Op.COS):
-            # the argument moves, in this run's direction: moving the result by as much
-            # (its derivative times the move) cancelled an argument moved the other way
-            # where the derivative is negative (sin(exp(x)) near 323: exp up, sin up)
-            args = [_moved(args[0], eps32, sign, g)]
-        if seed is not None and _narrowing(node):
-            # the value about to round is itself a few float32 ulps off on a GPU (exp,
-            # division, ...): move it here, in this run's direction, so that a boundary
-            # it sits next to is crossed by the all-up or the all-down run even where the
-            # ops before it move it both ways and cancel (exp up, then neg up)
+        if seed is not None and (node.op in (Op.SIN, Op.COS) or _narrowing(node)):
+            # the operand moves, in this run's direction: the value about to round is a
+            # few float32 ulps off on a GPU (exp, division), and sin's argument too; moving
+            # the result instead cancels against the operand's own move wherever the op
+            # decreases (exp up then neg up; sin(exp(x)) near 323: exp up, sin up)
             args = [_moved(args[0], eps32, sign, g)]
         if wide and node.op == Op.CAST and node.attr("dtype").is_float:
             outs = [args[0].to(node.attr("dtype").torch).double()]  # keep the rounding

@@ -146,7 +146,7 @@ def run_batch(
         if not shrinking:
             stats.kinds.update(out.kinds)
             stats.fallback_segments += out.fallbacks
-        if out.status == "error" and device.startswith("cuda") and _cuda_broken():
+        if out.status == "error" and _gpu_lost(device):
             # a kernel faulted: every later case would fail too, so shrinking would only
             # make a misleading repro; keep this case as it is and stop
             stats.cuda_lost = True
@@ -237,7 +237,7 @@ def run_for(
         stats.seconds = time.monotonic() - start
         if on_batch:
             on_batch(stats)
-        if stats.cuda_lost or device.startswith("cuda") and _cuda_broken():
+        if stats.cuda_lost or _gpu_lost(device):
             stats.cuda_lost = True
             break  # a kernel faulted: the context is gone, later results mean nothing
     stats.seconds = time.monotonic() - start
@@ -245,10 +245,9 @@ def run_for(
 
 
 def _gpu_lost(device: str) -> bool:
-    return device.startswith("cuda") and _cuda_broken()
-
-
-def _cuda_broken() -> bool:
+    """True when `device` is a GPU whose context no longer works (a kernel faulted)."""
+    if not device.startswith("cuda"):
+        return False
     try:
         torch.cuda.synchronize()
         return False
