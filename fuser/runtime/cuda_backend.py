@@ -76,7 +76,7 @@ def nvrtc_version() -> str:
 
 def _options(arch: str, max_registers: int | None) -> list[str]:
     # --fmad=false: no multiply-add contraction across ops eager rounds one by one (see
-    # triton_backend.TRITON_OPTIONS)
+    # triton_backend.TRITON_OPTIONS); _nvrtc_core passes the same as fma=False
     opts = [f"-arch={arch}", "-std=c++17", "--fmad=false", f"-diag-suppress={UNUSED_VARIABLE}"]
     if max_registers:
         opts.append(f"-maxrregcount={max_registers}")
@@ -92,6 +92,7 @@ def _nvrtc_core(source: str, name: str, arch: str, max_registers: int | None) ->
         std="c++17",
         max_register_count=max_registers,
         diag_suppress=[UNUSED_VARIABLE],
+        fma=False,  # as --fmad=false in _options: NVRTC contracts by default
     )
     try:
         return bytes(Program(source, "c++", opts).compile("cubin").code)
@@ -148,7 +149,8 @@ def _nvrtc(source: str, name: str, arch: str, max_registers: int | None) -> byte
 def compile_cubin(source: str, name: str, arch: str, max_registers: int | None = None) -> bytes:
     """The cubin of `source` for `arch` ("sm_90"), from memory, disk or NVRTC."""
     t0 = time.perf_counter()
-    key = digest(source, arch, max_registers, nvrtc_version())
+    # the options are part of the key: a cubin made with others (FMA contraction) is stale
+    key = digest(source, arch, max_registers, nvrtc_version(), *_options(arch, max_registers))
     with _lock:
         cubin = _cubins.get(key)
     if cubin is not None:

@@ -69,6 +69,35 @@ def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
     return parse_resource_usage(text)
 
 
+def sass(cubin: bytes) -> str:
+    """The machine code of `cubin` as cuobjdump prints it (what ptxas made of the PTX)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        return subprocess.run(
+            [cuobjdump(), "-sass", path], capture_output=True, text=True, check=True
+        ).stdout
+    finally:
+        os.unlink(path)
+
+
+def kernel_sass(kernel: Any, arch: str = "sm_90") -> str:
+    """`kernel`'s machine code for `arch`, compiled as the runtime compiles it; no GPU."""
+    if kernel.backend == "cuda":
+        from fuser.runtime.cuda_backend import compile_cubin
+
+        return sass(compile_cubin(kernel.source, kernel.name, arch, kernel.schedule.max_registers))
+    job = _job(kernel, arch)
+    if not use_interpreter():
+        return _triton_sass(job)
+    return _in_child("sass", [job])[0]
+
+
+def _triton_sass(job: dict) -> str:
+    return sass(triton_cubin(job))
+
+
 def _job(kernel: Any, arch: str) -> dict:
     sig = {f"{a.name}_ptr": TL_PTR[a.dtype.value] for a in kernel.spec.args}
     ptr = {"torch.float32": "*fp32", "torch.float64": "*fp64", "torch.int64": "*i64"}
@@ -89,6 +118,12 @@ def _job(kernel: Any, arch: str) -> dict:
 
 
 def _compile_triton(job: dict) -> dict:
+    res = cubin_resources(triton_cubin(job))
+    return _with_spills(res.get(job["name"]) or next(iter(res.values())))
+
+
+def triton_cubin(job: dict) -> bytes:
+    """The cubin Triton compiles from a `_job`, with the runtime's own options."""
     import importlib.util
 
     import triton
@@ -109,8 +144,7 @@ def _compile_triton(job: dict) -> dict:
             target=GPUTarget("cuda", job["arch"], 32),
             options={"num_warps": job["num_warps"], **TRITON_OPTIONS},
         )
-        res = cubin_resources(compiled.asm["cubin"])
-    return _with_spills(res.get(job["name"]) or next(iter(res.values())))
+        return compiled.asm["cubin"]
 
 
 def _with_spills(r: dict[str, int]) -> dict:
@@ -144,9 +178,15 @@ def kernel_resources(kernel: Any, arch: str = "sm_90") -> dict:
 
 
 def resources_in_child(jobs: list[dict]) -> list[dict]:
+    return _in_child("resources", jobs)
+
+
+def _in_child(what: str, jobs: list[dict]) -> list[Any]:
+    """`what` ("resources" or "sass") of Triton `jobs`, compiled in a child process: the
+    interpreter, once on in this one, replaces the JIT that triton.compile needs."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "fuser.runtime.resources"],
+        [sys.executable, "-m", "fuser.runtime.resources", what],
         input=json.dumps(jobs),
         capture_output=True,
         text=True,
@@ -171,4 +211,5 @@ def many_resources(kernels: list[Any], arch: str = "sm_90") -> list[dict]:
 
 
 if __name__ == "__main__":
-    print(json.dumps([_compile_triton(j) for j in json.loads(sys.stdin.read())]))
+    work = {"resources": _compile_triton, "sass": _triton_sass}[sys.argv[1]]
+    print(json.dumps([work(j) for j in json.loads(sys.stdin.read())]))
