@@ -2,7 +2,9 @@
 
 Runs hypothesis batches of random fusions against ATen until the time is up, on the GPU
 if there is one (else in Triton's CPU interpreter, with smaller sizes), in `--workers`
-processes that share one kernel cache folder. Prints the number of fusions, the seeds
+processes that share one kernel cache folder. Each case runs on one of `--backends`
+(auto: Triton and CUDA C++ on a GPU where NVRTC is installed, Triton on the CPU; "cuda"
+on the CPU runs the g++ emulator, slowly). Prints the number of fusions, the seeds
 and every failure as a runnable repro; exits 1 on any mismatch or error (2 when only
 the generator itself failed).
 """
@@ -40,6 +42,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
     p.add_argument("--profile", choices=("cpu", "gpu"), help="size limits (default: device's)")
     p.add_argument("--workers", default="auto", help="processes (auto: 8 on a GPU, 1 on CPU)")
+    p.add_argument("--backends", default="auto", help="triton,cuda or auto (default)")
     p.add_argument("--batch-size", type=int, help="cases per hypothesis batch")
     p.add_argument("--shrink-seconds", type=float, default=90.0, help="per failure")
     p.add_argument("--replay", type=int, help="rerun one batch seed (see the JSON) and stop")
@@ -52,6 +55,34 @@ def _device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
+
+
+def _backends(name: str, device: str) -> tuple[str, ...]:
+    """The backends cases are drawn from; "cuda" on the CPU turns the g++ emulator on."""
+    from fuser.errors import FuserError
+    from fuser.runtime import cuda_backend
+
+    if name == "auto":
+        if not device.startswith("cuda"):
+            return ("triton",)
+        try:
+            cuda_backend.nvrtc_version()
+        except FuserError as e:
+            print(f"[fuzz] Triton only: {e}", file=sys.stderr)
+            return ("triton",)
+        return ("triton", "cuda")
+    backends = tuple(b.strip() for b in name.split(",") if b.strip())
+    unknown = [b for b in backends if b not in ("triton", "cuda")]
+    if unknown or not backends:
+        raise SystemExit(f"--backends: expected triton and/or cuda, got {name!r}")
+    if "cuda" in backends:
+        if device.startswith("cuda"):
+            cuda_backend.nvrtc_version()  # raises, naming what to install
+        elif shutil.which("g++") is None:
+            raise SystemExit("--backends cuda on the CPU needs g++ (the CUDA emulator)")
+        else:
+            cuda_backend.EMULATE_ON_CPU = True
+    return backends
 
 
 def _header(args: argparse.Namespace, device: str) -> dict[str, Any]:
@@ -68,6 +99,7 @@ def _header(args: argparse.Namespace, device: str) -> dict[str, Any]:
             "triton": triton.__version__,
         },
         "seed": args.seed,
+        "backends": list(args.backend_list),
         "budget_seconds": args.seconds,
         "cache_dir": str(config.cache_dir),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -104,7 +136,16 @@ def _single(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
     if args.replay is not None:
         stats, start = Stats(), time.monotonic()
-        run_batch(args.replay, batch_size, stats, device, profile, shrink_seconds=1e9)
+        run_batch(
+            args.replay,
+            batch_size,
+            stats,
+            device,
+            profile,
+            shrink_seconds=1e9,
+            runs=2 if device.startswith("cuda") else 1,
+            backends=args.backend_list,
+        )
         stats.seconds = time.monotonic() - start
     else:
         stats = run_for(
@@ -116,6 +157,7 @@ def _single(args: argparse.Namespace, device: str) -> dict[str, Any]:
             shrink_seconds=args.shrink_seconds,
             first_batch=args.first_batch,
             profile=profile,
+            backends=args.backend_list,
         )
     out = report(stats)
     _write(args.json, out)
@@ -141,7 +183,7 @@ def _parallel(args: argparse.Namespace, device: str, workers: int, folder: Path)
             sys.executable, "-m", "fuser.fuzz", "--workers", "1", "--quiet",
             "--seconds", f"{seconds:.0f}", "--seed", str(args.seed), "--device", device,
             "--shrink-seconds", str(args.shrink_seconds), "--json", str(folder / f"w{w}.json"),
-            "--first-batch", str(w * WORKER_BATCHES),
+            "--first-batch", str(w * WORKER_BATCHES), "--backends", ",".join(args.backend_list),
         ]  # fmt: skip
         if args.batch_size:
             cmd += ["--batch-size", str(args.batch_size)]
@@ -200,11 +242,11 @@ def _merge(
         out[key] = sum(p.get(key, 0) for p in parts if p)
     for key in ("batches", "failures", "invalid_examples"):
         out[key] = [x for p in parts if p for x in p[key]]
-    for key in ("kinds", "known"):
+    for key in ("kinds", "known", "backends"):
         total: Counter = Counter()
         for p in parts:
             if p:
-                total.update(p[key])
+                total.update(p.get(key, {}))
         out[key] = dict(total)
     out["seconds"] = max((p["seconds"] for p in parts if p), default=0.0)
     out["batch_size"] = next((p["batch_size"] for p in parts if p), None)
@@ -214,7 +256,7 @@ def _merge(
 def _print(report: dict[str, Any]) -> None:
     seeds = [b["seed"] for b in report["batches"]]
     print(
-        f"fuser fuzz on {report['device']} ({report.get('gpu') or 'Triton interpreter'}), "
+        f"fuser fuzz on {report['device']} ({report.get('gpu') or _cpu_runners(report)}), "
         f"{report['workers']} worker(s), {report['seconds']:.0f}s: "
         f"{report['fusions']} fusions checked (+{report['shrink_runs']} while shrinking), "
         f"{report['mismatches']} mismatch(es), {report['errors']} error(s), "
@@ -222,6 +264,7 @@ def _print(report: dict[str, Any]) -> None:
         f"{report['invalid']} generator failure(s)"
     )
     print(f"seed {report['seed']}: {len(seeds)} batches, batch seeds {_ranges(seeds)}")
+    print(f"backends: {report.get('backends', {})}")
     print(f"schedules: {report['kinds']}; ATen fallback segments: {report['fallback_segments']}")
     if report["known"]:
         print(f"known bugs seen (xfailed in tests/test_fuzz.py): {report['known']}")
@@ -234,8 +277,14 @@ def _print(report: dict[str, Any]) -> None:
         print(
             f"# replay: python -m fuser.fuzz --replay {f['batch_seed']} "
             f"--device {report['device']} --profile {report['profile']} "
-            f"--batch-size {report['batch_size']}"
+            f"--batch-size {report['batch_size']} "
+            f"--backends {','.join(report.get('backends') or ['triton'])}"
         )
+
+
+def _cpu_runners(report: dict[str, Any]) -> str:
+    names = {"triton": "Triton interpreter", "cuda": "CUDA emulator"}
+    return ", ".join(names[b] for b in report.get("backends") or ["triton"])
 
 
 def _ranges(seeds: list[int]) -> str:
@@ -255,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     # Triton's interpreter runs numpy on masked-off lanes too: log(0), 1/0 warnings
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     device = _device(args.device)
+    args.backend_list = _backends(args.backends, device)
     scratch = Path(tempfile.mkdtemp(prefix="fuser_fuzz_"))  # removed at the end
     if "FUSER_CACHE_DIR" not in os.environ:  # keep the user's cache clean
         config.cache_dir = scratch / "cache"

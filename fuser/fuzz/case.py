@@ -58,6 +58,7 @@ class FuzzCase:
     data_seed: int = 0
     scale: float = 1.0
     specials: str = "none"
+    backend: str = "triton"  # the code generator fuser runs the case with
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def size(self) -> tuple[int, int, int]:
@@ -69,7 +70,8 @@ class FuzzCase:
         ins = ", ".join(f"{i.dtype}{list(i.shape)}:{i.layout}" for i in self.inputs)
         return (
             f"domain {list(self.domain)}; inputs {ins}; ops {' '.join(ops)}; "
-            f"data seed {self.data_seed} scale {self.scale} specials {self.specials}"
+            f"data seed {self.data_seed} scale {self.scale} specials {self.specials}; "
+            f"backend {self.backend}"
         )
 
 
@@ -179,12 +181,19 @@ def repro(case: FuzzCase, fd: FusionDefinition | None = None, device: str = "cpu
         "from fuser.fuzz.case import InputSpec, make_input",
         "from fuser.fuzz.check import compare",
         "",
-        "inputs = [",
     ]
+    if case.backend == "cuda" and not str(device).startswith("cuda"):
+        lines += [
+            "from fuser.runtime import cuda_backend",
+            "",
+            "cuda_backend.EMULATE_ON_CPU = True  # CPU tensors: the g++ emulator",
+            "",
+        ]
+    lines += ["inputs = ["]
     for i, spec in enumerate(case.inputs):
         lines.append(
             f"    make_input({spec!r}, seed={case.data_seed * 1009 + i}, scale={case.scale!r}, "
             f"specials={case.specials!r}, device={device!r}),"
         )
-    lines += ["]", "print(compare(fd, inputs) or 'no mismatch')"]
+    lines += ["]", f"print(compare(fd, inputs, backend={case.backend!r}) or 'no mismatch')"]
     return "\n".join(lines) + "\n"

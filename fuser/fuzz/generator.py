@@ -493,8 +493,11 @@ def domains(draw: Any, profile: Profile) -> tuple[int, ...]:
 
 
 @st.composite
-def fuzz_cases(draw: Any, profile: Profile = CPU) -> FuzzCase:
-    """A random valid fusion, its inputs' layouts and its data."""
+def fuzz_cases(
+    draw: Any, profile: Profile = CPU, backends: tuple[str, ...] = ("triton",)
+) -> FuzzCase:
+    """A random valid fusion, its inputs' layouts and its data, and the backend (one of
+    `backends`, shrinking toward the first) fuser runs it with."""
     domain = draw(domains(profile))
     d = _Draft(draw, domain)
     d.new_input(d.full(), draw(st.sampled_from(FLOATS)))
@@ -516,6 +519,7 @@ def fuzz_cases(draw: Any, profile: Profile = CPU) -> FuzzCase:
         data_seed=draw(st.integers(0, 2**20)),
         scale=draw(st.sampled_from((1.0, 3.0, 0.1, 30.0, 1000.0))),
         specials=specials,
+        backend=draw(st.sampled_from(backends)),
     )
 
 

@@ -57,7 +57,7 @@ def check_case(case: FuzzCase, device: str = "cpu", runs: int = 1) -> Outcome:
             return _oom(e)
         return Outcome("invalid", [f"{type(e).__name__}: {e}"])
     try:
-        problems = compare(fd, inputs, runs=runs)
+        problems = compare(fd, inputs, runs=runs, backend=case.backend)
     except Exception as e:
         if out_of_memory(e):
             return _oom(e)
@@ -86,6 +86,7 @@ class Stats:
     seconds: float = 0.0
     batches: list[dict[str, Any]] = field(default_factory=list)
     kinds: Counter = field(default_factory=Counter)
+    backends: Counter = field(default_factory=Counter)  # fusions checked per backend
     fallback_segments: int = 0
     failures: list[Failure] = field(default_factory=list)
     known: Counter = field(default_factory=Counter)  # failures of known, xfailed bugs
@@ -95,6 +96,7 @@ class Stats:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["kinds"] = dict(self.kinds)
+        out["backends"] = dict(self.backends)
         out["known"] = dict(self.known)
         out["mismatches"] = sum(f.kind == "mismatch" for f in self.failures)
         out["errors"] = sum(f.kind == "error" for f in self.failures)
@@ -114,8 +116,9 @@ def run_batch(
     stop_at: float = float("inf"),
     shrink_seconds: float = 120.0,
     runs: int = 1,
+    backends: tuple[str, ...] = ("triton",),
 ) -> Failure | None:
-    """One hypothesis run; returns the (shrunk) failure, if any."""
+    """One hypothesis run over cases for `backends`; returns the (shrunk) failure, if any."""
     profile = profile or profile_for(device)
     found: dict[str, Any] = {"at": None, "case": None, "outcome": None}
     count = {"generate": 0, "shrink": 0}
@@ -145,6 +148,7 @@ def run_batch(
             return
         if not shrinking:
             stats.kinds.update(out.kinds)
+            stats.backends[case.backend] += 1
             stats.fallback_segments += out.fallbacks
         if out.status == "error" and _gpu_lost(device):
             # a kernel faulted: every later case would fail too, so shrinking would only
@@ -173,7 +177,7 @@ def run_batch(
         suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet,
         print_blob=False,
-    )(given(fuzz_cases(profile))(check))
+    )(given(fuzz_cases(profile, backends))(check))
     try:
         hypothesis_seed(batch_seed)(test)()
     except Exception as e:
@@ -214,6 +218,7 @@ def run_for(
     shrink_seconds: float = 120.0,
     first_batch: int = 0,
     profile: Profile | None = None,
+    backends: tuple[str, ...] = ("triton",),
 ) -> Stats:
     """Batches with seeds seed*1_000_000 + first_batch, +1, ... until `seconds` pass."""
     stats = Stats()
@@ -232,6 +237,7 @@ def run_for(
             stop_at=stop_at,
             shrink_seconds=shrink_seconds,
             runs=runs,
+            backends=backends,
         )
         b += 1
         stats.seconds = time.monotonic() - start
