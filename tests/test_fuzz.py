@@ -22,12 +22,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from fuser import FusionDefinition
 from fuser.config import config, use_interpreter
+from fuser.errors import FuserError
 from fuser.fuzz import __main__ as fuzz_cli
 from fuser.fuzz.case import FuzzCase, InputSpec, Ref, Step, build, make_input, repro, with_layout
 from fuser.fuzz.check import compare, compare_output, judge, reference
 from fuser.fuzz.generator import CPU, GPU, fuzz_cases
 from fuser.fuzz.known import KNOWN, known_issue
-from fuser.fuzz.runner import check_case
+from fuser.fuzz.runner import Outcome, Stats, check_case, run_batch
 from fuser.runtime import cuda_backend
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -882,8 +883,12 @@ def test_constant_rows_normalize(dtype: torch.dtype) -> None:
         (RuntimeError("Triton Error [CUDA]: out of memory"), "oom"),
         (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
         (RuntimeError("CUDA error: an illegal memory access was encountered"), "error"),
+        (
+            FuserError("CUDA driver call fuzz_k0 failed: <CUresult.CUDA_ERROR_OUT_OF_MEMORY: 2>"),
+            "oom",
+        ),
     ],
-    ids=["triton_module_load", "torch_allocator", "fault"],
+    ids=["triton_module_load", "torch_allocator", "fault", "cuda_module_load"],
 )
 def test_out_of_memory_is_not_a_bug(
     monkeypatch: pytest.MonkeyPatch, error: Exception, status: str
@@ -900,6 +905,25 @@ def test_out_of_memory_is_not_a_bug(
     monkeypatch.setattr(runner, "compare", raise_it)
     out = check_case(LN_CASE, "cpu")
     assert out.status == status, out.problems
+
+
+def test_a_poisoned_context_stops_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Soak seed 18: after the driver ran out of memory loading a CUDA module, every later
+    call in that worker failed with "CUDA error: unknown error" (205 cases counted as
+    generator failures, 2 as fuser errors). After an out-of-memory such a failure counts
+    with the out-of-memory ones and the worker stops; without one it is an error,
+    reported as it is (not shrunk), and the worker stops too."""
+    import fuser.fuzz.runner as runner
+
+    unknown = "AcceleratorError: CUDA error: unknown error"
+    for first, oom, failures in ((["oom"], 2, []), ([], 0, ["error"])):
+        outcomes = iter([Outcome(s, [unknown]) for s in first] + [Outcome("invalid", [unknown])])
+        monkeypatch.setattr(runner, "check_case", lambda *a, it=outcomes, **k: next(it))
+        stats = Stats()
+        run_batch(1, 10, stats, "cpu")
+        assert stats.cuda_lost and stats.invalid == 0, stats
+        assert stats.out_of_memory == oom
+        assert [f.kind for f in stats.failures] == failures
 
 
 # -- GPU soak, seed 15 (benchmarks/results/h100-2026-11-22-fuzz-seed15) ---------------------

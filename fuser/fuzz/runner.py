@@ -37,9 +37,20 @@ class Outcome:
 
 def out_of_memory(e: BaseException) -> bool:
     """The GPU's memory ran out (workers sharing one GPU: not a fuser bug), however it
-    shows: torch's OutOfMemoryError, or Triton's RuntimeError "out of memory" from
-    loading a compiled module."""
-    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+    shows: torch's OutOfMemoryError, Triton's RuntimeError "out of memory" from loading
+    a compiled module, or the driver's CUDA_ERROR_OUT_OF_MEMORY loading a CUDA one."""
+    text = str(e).lower()
+    return (
+        isinstance(e, torch.cuda.OutOfMemoryError)
+        or "out of memory" in text
+        or "out_of_memory" in text
+    )
+
+
+def _context_error(out: Outcome) -> bool:
+    """The failure is the CUDA context's, not the case's ("CUDA error: unknown error" on
+    every call after a failed module load, or a kernel fault)."""
+    return any("CUDA error" in p or "CUDA_ERROR" in p for p in out.problems)
 
 
 def _oom(e: BaseException) -> Outcome:
@@ -131,13 +142,21 @@ def run_batch(
         if (not shrinking and now > stop_at) or (shrinking and now > found["at"] + shrink_seconds):
             return  # out of time: let hypothesis wind down
         out = check_case(case, device, runs)
+        if device.startswith("cuda"):
+            # give the case's memory back: workers share the GPU, and a driver that runs
+            # out of it while loading a module poisons the worker's context
+            torch.cuda.empty_cache()
         count["shrink" if shrinking else "generate"] += 1
-        if out.status in ("error", "invalid") and stats.out_of_memory and _gpu_lost(device):
-            # after an out-of-memory the context may be poisoned: Triton's failed module
-            # load leaves "CUDA error: unknown error" on everything after it; this worker
-            # stops (and is replaced), and the case counts with the out-of-memory ones
+        lost = out.status in ("error", "invalid") and (_context_error(out) or _gpu_lost(device))
+        if lost and stats.out_of_memory:
+            # after an out-of-memory the context may be poisoned: a failed module load
+            # (Triton's or the driver's) leaves "CUDA error: unknown error" on everything
+            # after it; this worker stops (and is replaced), and the case counts with the
+            # out-of-memory ones
             out = Outcome("oom", out.problems)
             stats.cuda_lost = True
+        elif lost:
+            out.status = "error"  # the GPU's failure, not the generator's
         if out.status == "oom":
             stats.out_of_memory += 1
             return
@@ -150,7 +169,7 @@ def run_batch(
             stats.kinds.update(out.kinds)
             stats.backends[case.backend] += 1
             stats.fallback_segments += out.fallbacks
-        if out.status == "error" and _gpu_lost(device):
+        if lost:
             # a kernel faulted: every later case would fail too, so shrinking would only
             # make a misleading repro; keep this case as it is and stop
             stats.cuda_lost = True
