@@ -74,3 +74,28 @@ def test_spread_keeps_the_first_and_last_samples():
     assert spread(7, 3) == [0, 3, 6]
     assert spread(2, 5) == [0, 1]
     assert spread(5, 1) == [0] and spread(5, None) == [0, 1, 2, 3, 4]
+
+
+def test_sharded_runs_merge_into_one_report(tmp_path, capsys):
+    """`--shard K/N` runs add up with `--merge` to what one run reports."""
+    import json
+
+    from fuser.opdb.__main__ import main
+
+    args = ["--ops", "neg", "abs", "sigmoid", "--dtypes", "float32", "--max-samples", "2"]
+    assert main([*args, "--json", str(tmp_path / "all.json")]) == 0
+    shards = [str(tmp_path / f"s{k}.json") for k in range(2)]
+    for k, path in enumerate(shards):
+        assert main([*args, "--shard", f"{k}/2", "--json", path]) == 0
+    capsys.readouterr()
+    assert main(["--merge", *shards, "--json", str(tmp_path / "merged.json")]) == 0
+    assert "3 OpInfo targets" in capsys.readouterr().out
+
+    def statuses(path):
+        ops = json.loads((tmp_path / path).read_text())["ops"]
+        return sorted(
+            (s["target"], s["dtype"], s["index"], s["status"]) for r in ops for s in r["samples"]
+        )
+
+    assert statuses("merged.json") == statuses("all.json")
+    assert len(statuses("all.json")) >= 3

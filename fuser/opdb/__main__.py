@@ -1,4 +1,8 @@
-"""python -m fuser.opdb: op_db samples of every op fuser claims, compiled vs eager."""
+"""python -m fuser.opdb: op_db samples of every op fuser claims, compiled vs eager.
+
+`--merge s0.json s1.json ...` adds up the JSON reports of sharded runs instead (and
+writes them as one to --json). FUSER_BACKEND=cuda runs the fused regions on the CUDA
+C++ backend."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from dataclasses import asdict
 
 import torch
 
-from fuser.opdb import DEFAULT_DTYPES, OpReport, run, summary_text
+from fuser.config import config
+from fuser.opdb import DEFAULT_DTYPES, OpReport, SampleResult, run, summary_text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", default="0/1", help="K/N: every N-th target from the K-th")
     p.add_argument("--json", default=None, help="write every sample's result here")
     p.add_argument("-v", "--verbose", action="store_true", help="print every sample")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="add up sharded runs' reports")
     a = p.parse_args(argv)
+    if a.merge:
+        return _merge(a.merge, a.json)
     dtypes = [getattr(torch, d.strip()) for d in a.dtypes.split(",") if d.strip()]
     t0 = time.perf_counter()
 
@@ -56,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(
                 {
                     "device": a.device,
+                    "backend": config.backend,
                     "dtypes": a.dtypes,
                     "max_samples": a.max_samples,
                     "torch": torch.__version__,
@@ -65,6 +74,27 @@ def main(argv: list[str] | None = None) -> int:
                 f,
                 indent=1,
             )
+    return 1 if any(r.count("failed") for r in reports) else 0
+
+
+def _merge(paths: list[str], out: str | None) -> int:
+    """One report from the shards' JSON files: the summary printed, the whole written."""
+    parts = [json.loads(open(path).read()) for path in paths]
+    reports = [
+        OpReport(r["target"], r["claims"], [SampleResult(**s) for s in r["samples"]])
+        for part in parts
+        for r in part["ops"]
+    ]
+    orphans = sorted({o for part in parts for o in part["no_opinfo"]})
+    seconds = sum(s.seconds for r in reports for s in r.samples)
+    backend = parts[0].get("backend", "triton")
+    print(f"{len(paths)} shard(s), backend {backend} (time: the samples' own, summed)")
+    print(summary_text(reports, orphans, seconds))
+    if out:
+        merged = {**parts[0], "shards": len(paths), "no_opinfo": orphans, "ops": []}
+        merged["ops"] = [asdict(r) for r in reports]
+        with open(out, "w") as f:
+            json.dump(merged, f, indent=1)
     return 1 if any(r.count("failed") for r in reports) else 0
 
 
