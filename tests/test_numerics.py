@@ -254,9 +254,9 @@ def test_variance_of_rows_with_a_large_mean() -> None:
 # -- 64-bit indexing (GPU) ---------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (4.3 GB tensors)")
-def test_past_2_to_the_31_elements() -> None:
+def test_past_2_to_the_31_elements(backend: str) -> None:
     """[65537, 32768] f16 = 2**31 + 32768 elements: offsets past int32 in a pointwise
-    kernel, a row reduction and a column reduction."""
+    kernel, a row reduction and a column reduction, on both backends."""
 
     def build(fd: FusionDefinition) -> None:
         x = fd.define_tensor([-1, -1], F16)
@@ -271,6 +271,6 @@ def test_past_2_to_the_31_elements() -> None:
     fd = define(build)
     y, row_sums, col_sums = fd.execute([x])
     assert y[-1, -1].item() == 2.0 and torch.equal(y[-5:], x[-5:] * 2 + 1)
-    assert all(k.schedule.index_bits == 64 for k in fd.kernels)
+    assert all(k.schedule.index_bits == 64 and k.backend == backend for k in fd.kernels)
     torch.testing.assert_close(row_sums[-3:], x[-3:].float().sum(1), atol=1e-2, rtol=1e-4)
     torch.testing.assert_close(col_sums, x.float().sum(0), atol=5e-2, rtol=1e-4)
