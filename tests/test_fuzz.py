@@ -25,7 +25,14 @@ from fuser.config import config, use_interpreter
 from fuser.errors import FuserError
 from fuser.fuzz import __main__ as fuzz_cli
 from fuser.fuzz.case import FuzzCase, InputSpec, Ref, Step, build, make_input, repro, with_layout
-from fuser.fuzz.check import compare, compare_output, judge, reference
+from fuser.fuzz.check import (
+    compare,
+    compare_output,
+    flip_uncertain,
+    judge,
+    reference,
+    widen_spread,
+)
 from fuser.fuzz.generator import CPU, GPU, fuzz_cases
 from fuser.fuzz.known import KNOWN, known_issue
 from fuser.fuzz.runner import Outcome, Stats, check_case, run_batch
@@ -169,6 +176,32 @@ def test_compare_sees_wrong_answers() -> None:
     flipped[3, 3] = ~flipped[3, 3]
     assert compare_output(0, flipped, flags, flags, [flags], 1)
     assert compare_output(0, eager, eager, ref64, [ref64], n) is None
+
+
+def test_flipped_comparisons_excuse_only_near_ties() -> None:
+    """A comparison may go either way only where its operands lie within their own
+    spread of each other (`flip_uncertain`): lt(gelu(x), bf16(gelu(x))) flips where gelu
+    cancels or sits at a rounding tie, not everywhere; an answer flipped everywhere is
+    still reported at most elements."""
+    with FusionDefinition("flips") as fd:
+        x = fd.define_tensor([-1, -1], F32)
+        g = fd.ops.gelu(x)
+        fd.add_output(fd.ops.lt(g, fd.ops.cast(fd.ops.cast(g, BF16), F32)))
+    inputs = [make_input(InputSpec((64, 33), "float32"), 5, scale=3.0, device=DEVICE)]
+    got = fd.execute(inputs)[0]
+    assert judge(fd, inputs, [got]) == []
+    (msg,) = judge(fd, inputs, [~got])
+    assert int(msg.split(": ")[1].split()[0]) > got.numel() // 2, msg
+    graph = fd.bind(inputs)
+    central: dict = {}
+    reference(graph, inputs, upcast=True, record=central)
+    spread: dict = {}
+    for i, sign in enumerate((1.0, -1.0)):
+        operands: dict = {}
+        reference(graph, inputs, seed=i, sign=sign, record=operands)
+        widen_spread(spread, central, operands)
+    (mask,) = flip_uncertain(central, spread).values()
+    assert 0 < int(mask.sum()) < got.numel() // 20, int(mask.sum())
 
 
 def test_perturbed_references_keep_special_values() -> None:

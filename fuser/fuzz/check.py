@@ -41,6 +41,8 @@ CHAOTIC_FRACTION = 0.25
 EAGER_ERROR_FACTOR = 3.0
 FLIPPED_RUNS = 3  # perturbed runs (all up, all down, a mix) with comparisons flipped
 MAX_REPORTED = 3  # worst elements shown per output
+# a comparison's operands, by the id of its result (`reference(record=...)`)
+Operands = dict[int, list[torch.Tensor]]
 
 
 # -- tolerance ------------------------------------------------------------------------
@@ -160,7 +162,7 @@ def reference(
     seed: int | None = None,
     sign: float | None = None,
     rounded: bool = False,
-    record: dict[int, list[torch.Tensor]] | None = None,
+    record: Operands | None = None,
     flips: dict[int, torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """`graph` evaluated op by op with ATen, as `fd.reference` (but see `_eval`).
@@ -210,7 +212,7 @@ def reference(
                 outs = [o.double() if o.is_floating_point() else o for o in outs]
         if node.op in _TIES:
             if record is not None:
-                record[node.out.id] = [a.double() if a.is_floating_point() else a for a in args]
+                record[node.out.id] = [a.double() for a in args]
             if flips and node.out.id in flips:
                 outs = [outs[0] ^ flips[node.out.id].to(outs[0].device)]
         if rounded:
@@ -233,14 +235,23 @@ def reference(
     return outs if wide else [o.to(v.dtype.torch) for o, v in zip(outs, graph.outputs)]
 
 
-def flip_uncertain(
-    central: dict[int, list[torch.Tensor]],
-    spread: Sequence[tuple[dict[int, list[torch.Tensor]], float]],
-) -> dict[int, torch.Tensor]:
+def widen_spread(spread: Operands, central: Operands, moved: Operands) -> None:
+    """Grow `spread` (each comparison operand's largest distance from `central`) by one
+    perturbed run's operands, `moved`; non-finite values do not count (NaN and inf
+    placement is judged on its own)."""
+    for key, operands in central.items():
+        if key not in moved:
+            continue
+        widths = spread.setdefault(key, [torch.zeros_like(x) for x in operands])
+        for i, (x, y) in enumerate(zip(operands, moved[key])):
+            y = y.to(x.device)
+            d = torch.where(x.isfinite() & y.isfinite(), (y - x).abs(), 0.0)
+            widths[i] = torch.maximum(widths[i], d)
+
+
+def flip_uncertain(central: Operands, spread: Operands) -> dict[int, torch.Tensor]:
     """Where each comparison may go either way: its operands (as `central` recorded them)
-    lie within their own uncertainty of each other. An operand's uncertainty is the
-    largest distance, times its factor, of any run in `spread` from `central` (a
-    non-finite value where `central` is finite: unbounded).
+    lie within their spreads (`widen_spread`) of each other.
 
     The perturbed runs cannot show such a flip where both operands move together: gelu(x)
     compared with its own bf16 rounding asks which way it rounded, and when 1 + erf(x)
@@ -248,20 +259,10 @@ def flip_uncertain(
     """
     flips = {}
     for key, operands in central.items():
-        if len(operands) != 2:
+        if len(operands) != 2 or key not in spread:
             continue
-        margin = None
-        for i, x in enumerate(operands):
-            x = x.double()
-            unc = torch.zeros_like(x)
-            for record, factor in spread:
-                if key not in record:
-                    continue
-                y = record[key][i].double().to(x.device)
-                d = torch.where(x.isfinite() & y.isfinite(), factor * (y - x).abs(), 0.0)
-                unc = torch.maximum(unc, d)
-            margin = unc if margin is None else margin + unc
-        a, b = (x.double() for x in operands)
+        a, b = operands
+        margin = spread[key][0] + spread[key][1]
         # NaN operands: never (their comparisons are False); equal operands that no run
         # moves (gelu(x) == x once erf rounds to 1): never
         mask = ((a - b).abs() <= margin) & (margin > 0)
@@ -437,12 +438,13 @@ def judge(
     final = run_pipeline(graph, fd.relaxed_precision).final
     moved, flipped = [], []
     for g in (graph, final):
-        central: dict[int, list[torch.Tensor]] = {}
+        central: Operands = {}
         reference(g, inputs, upcast=True, record=central)
-        spread: list[tuple[dict[int, list[torch.Tensor]], float]] = []
+        spread: Operands = {}
         for i, s in enumerate(signs):
-            spread.append(({}, 1.0))
-            moved.append(reference(g, inputs, seed=i, sign=s, record=spread[-1][0]))
+            operands: Operands = {}
+            moved.append(reference(g, inputs, seed=i, sign=s, record=operands))
+            widen_spread(spread, central, operands)
         # and runs with every comparison that may go either way turned the other way
         flips = flip_uncertain(central, spread)
         if flips:
