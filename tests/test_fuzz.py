@@ -200,8 +200,39 @@ def test_flipped_comparisons_excuse_only_near_ties() -> None:
         operands: dict = {}
         reference(graph, inputs, seed=i, sign=sign, record=operands)
         widen_spread(spread, central, operands)
-    (mask,) = flip_uncertain(central, spread).values()
+    ((mask, _),) = flip_uncertain(central, spread).values()
     assert 0 < int(mask.sum()) < got.numel() // 20, int(mask.sum())
+
+
+def test_a_flipped_branch_is_not_a_blank_cheque() -> None:
+    """Where a comparison may go either way, fuser may take either branch, but must still
+    compute it: where(lt(gelu(x), bf16(gelu(x))), x, -x) at a near-tie may give x or -x,
+    not 0 or x / 2 (an early checker accepted anything between the branches)."""
+    with FusionDefinition("branches") as fd:
+        x = fd.define_tensor([-1], F32)
+        g = fd.ops.gelu(x)
+        flip = fd.ops.lt(g, fd.ops.cast(fd.ops.cast(g, BF16), F32))
+        fd.add_output(fd.ops.where(flip, x, fd.ops.neg(x)))
+    inputs = [torch.linspace(-5.0, -4.0, 4001, dtype=F32).to(DEVICE)]
+    got = fd.execute(inputs)[0]
+    assert judge(fd, inputs, [got]) == []
+    graph = fd.bind(inputs)
+    central: dict = {}
+    reference(graph, inputs, upcast=True, record=central)
+    spread: dict = {}
+    for i, sign in enumerate((1.0, -1.0, None)):
+        operands: dict = {}
+        reference(graph, inputs, seed=i, sign=sign, record=operands)
+        widen_spread(spread, central, operands)
+    ((mask, _),) = flip_uncertain(central, spread).values()
+    assert int(mask.sum()) >= 3
+    other = torch.where(mask, -got, got)  # the other branch wherever it may be taken
+    assert judge(fd, inputs, [other]) == []
+    for j in mask.nonzero().flatten()[:3].tolist():
+        for wrong in (0.0, got[j].item() / 2):
+            bad = got.clone()
+            bad[j] = wrong
+            assert judge(fd, inputs, [bad]), (j, wrong)
 
 
 def test_perturbed_references_keep_special_values() -> None:
@@ -280,8 +311,10 @@ def test_cli_writes_json(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> N
     assert report["fusions"] >= 1 and report["batches"][0]["seed"] == 7_000_000
     for key in ("seed", "device", "versions", "kinds", "failures", "known", "mismatches"):
         assert key in report
-    assert report["backends"] and set(report["backends"]) <= {"triton", "cuda"}
-    assert sum(report["backends"].values()) == report["fusions"]
+    assert report["backends"] == ["triton", "cuda"]  # as asked: the replay line uses it
+    assert set(report["per_backend"]) <= {"triton", "cuda"}
+    assert sum(report["per_backend"].values()) == report["fusions"]
+    assert not cuda_backend.EMULATE_ON_CPU, "main() left the CUDA emulator on"
     with pytest.raises(SystemExit, match="triton and/or cuda"):
         fuzz_cli.main(argv + ["--device", "cpu", "--backends", "tritn"])
 
@@ -949,7 +982,12 @@ def test_a_poisoned_context_stops_the_worker(monkeypatch: pytest.MonkeyPatch) ->
     import fuser.fuzz.runner as runner
 
     unknown = "AcceleratorError: CUDA error: unknown error"
-    for first, oom, failures in ((["oom"], 2, []), ([], 0, ["error"])):
+    # (statuses before, the out-of-memory skips counted, the failures reported)
+    for first, oom, failures in (
+        (["oom"], 2, []),  # right after an out-of-memory: counted with them
+        ([], 0, ["error"]),  # out of the blue: a fuser error
+        (["oom", "ok"], 1, ["error"]),  # an out-of-memory long before explains nothing
+    ):
         outcomes = iter([Outcome(s, [unknown]) for s in first] + [Outcome("invalid", [unknown])])
         monkeypatch.setattr(runner, "check_case", lambda *a, it=outcomes, **k: next(it))
         stats = Stats()
@@ -957,6 +995,19 @@ def test_a_poisoned_context_stops_the_worker(monkeypatch: pytest.MonkeyPatch) ->
         assert stats.cuda_lost and stats.invalid == 0, stats
         assert stats.out_of_memory == oom
         assert [f.kind for f in stats.failures] == failures
+    # another CUDA error (a bad launch) is an error of its own: shrunk, the worker goes on
+    launch = "FuserError: CUDA driver call k0 failed: <CUresult.CUDA_ERROR_INVALID_VALUE: 1>"
+    monkeypatch.setattr(runner, "check_case", lambda *a, **k: Outcome("error", [launch]))
+    stats = Stats()
+    run_batch(2, 5, stats, "cpu")
+    assert not stats.cuda_lost and [f.kind for f in stats.failures] == ["error"]
+    # a kernel that faulted where nothing noticed: giving the memory back raises it
+    monkeypatch.setattr(runner, "check_case", lambda *a, **k: Outcome("ok"))
+    monkeypatch.setattr(runner, "_release_memory", lambda device: "illegal memory access")
+    stats = Stats()
+    run_batch(3, 5, stats, "cpu")
+    assert stats.cuda_lost and [f.kind for f in stats.failures] == ["error"], stats
+    assert "failed after this case" in stats.failures[0].message
 
 
 # -- GPU soak, seed 15 (benchmarks/results/h100-2026-11-22-fuzz-seed15) ---------------------

@@ -30,6 +30,7 @@ import fuser
 from fuser.config import config
 from fuser.fuzz.generator import CPU, GPU
 from fuser.fuzz.runner import Stats, run_batch, run_for
+from fuser.runtime import cuda_backend
 
 WORKER_BATCHES = 100_000  # batch numbers per worker: worker i starts at i * this
 
@@ -60,7 +61,6 @@ def _device(name: str) -> str:
 def _backends(name: str, device: str) -> tuple[str, ...]:
     """The backends cases are drawn from; "cuda" on the CPU turns the g++ emulator on."""
     from fuser.errors import FuserError
-    from fuser.runtime import cuda_backend
 
     if name == "auto":
         if not device.startswith("cuda"):
@@ -242,7 +242,7 @@ def _merge(
         out[key] = sum(p.get(key, 0) for p in parts if p)
     for key in ("batches", "failures", "invalid_examples"):
         out[key] = [x for p in parts if p for x in p[key]]
-    for key in ("kinds", "known", "backends"):
+    for key in ("kinds", "known", "per_backend"):
         total: Counter = Counter()
         for p in parts:
             if p:
@@ -264,7 +264,7 @@ def _print(report: dict[str, Any]) -> None:
         f"{report['invalid']} generator failure(s)"
     )
     print(f"seed {report['seed']}: {len(seeds)} batches, batch seeds {_ranges(seeds)}")
-    print(f"backends: {report.get('backends', {})}")
+    print(f"fusions per backend: {report.get('per_backend', {})}")
     print(f"schedules: {report['kinds']}; ATen fallback segments: {report['fallback_segments']}")
     if report["known"]:
         print(f"known bugs seen (xfailed in tests/test_fuzz.py): {report['known']}")
@@ -304,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     # Triton's interpreter runs numpy on masked-off lanes too: log(0), 1/0 warnings
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     device = _device(args.device)
+    # settings this run changes, restored for a caller that goes on in this process
+    emulate, cache_dir = cuda_backend.EMULATE_ON_CPU, config.cache_dir
     args.backend_list = _backends(args.backends, device)
     scratch = Path(tempfile.mkdtemp(prefix="fuser_fuzz_"))  # removed at the end
     if "FUSER_CACHE_DIR" not in os.environ:  # keep the user's cache clean
@@ -319,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             report = _single(args, device)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        cuda_backend.EMULATE_ON_CPU, config.cache_dir = emulate, cache_dir
     if not args.quiet:
         _print(report)
     if report["mismatches"] or report["errors"]:

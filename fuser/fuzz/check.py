@@ -6,19 +6,26 @@ eager ATen (`reference`, as `fd.reference`) within:
 
 - the output dtype's own precision, grown with the reduction length
   (`fuser.ir.evaluate.tolerance`; one ulp relative for half and bfloat16);
-- 3x eager's own error against a float64 evaluation: where an op's float32 result sits
-  near a half rounding boundary, fuser's (GPU) exp or division may round to the other
-  neighbour, a flip worth about twice eager's rounding error there, then amplified;
+- 3x eager's own error against the nearest float64 answer: where an op's float32 result
+  sits near a half rounding boundary, fuser's (GPU) exp or division may round to the
+  other neighbour, a flip worth about twice eager's rounding error there, then amplified;
 - the output's sensitivity to small errors in every intermediate: the float64
   evaluation rerun six times (all up, all down, four random mixes) with every op's
   result moved by +-16 float32 eps (+-2 eps for half ops), on the definition and on the
   decomposed graph fuser compiles. A GPU's approximate exp/log/rsqrt/division are off by
   a few float32 ulps; where later ops amplify that (cancellation, x - mean of a constant
-  row, sin of a large argument, a comparison or floor at its threshold) the perturbed
-  runs move by as much, and only there.
+  row, sin of a large argument, a floor at its threshold) the perturbed runs move by as
+  much, and only there. They keep every comparison as the float64 run decides it.
+
+A comparison is a discontinuity, judged apart: where its operands lie within their own
+spread (from the perturbed runs) of each other, it may go either way, and the graph is
+run again with all such comparisons turned (`flip_uncertain`). Fuser may match that
+answer (or the decomposed graph's own float64 answer) within its own spread, but not
+anything between two branches.
 
 Fuser may also match the correctly rounded op-by-op answer where eager does not. NaN and
-infinity must sit where eager (or the float64 evaluation, or a perturbed run) has them.
+infinity must sit where eager (or the float64 evaluation, or a perturbed run, or another
+branch) has them.
 """
 
 from __future__ import annotations
@@ -41,8 +48,10 @@ CHAOTIC_FRACTION = 0.25
 EAGER_ERROR_FACTOR = 3.0
 FLIPPED_RUNS = 3  # perturbed runs (all up, all down, a mix) with comparisons flipped
 MAX_REPORTED = 3  # worst elements shown per output
-# a comparison's operands, by the id of its result (`reference(record=...)`)
+# a comparison's operands and result, by the id of its result (`reference(record=...)`)
 Operands = dict[int, list[torch.Tensor]]
+# comparison results to force: (where, to what), by the id of the result
+Flips = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
 
 # -- tolerance ------------------------------------------------------------------------
@@ -163,7 +172,7 @@ def reference(
     sign: float | None = None,
     rounded: bool = False,
     record: Operands | None = None,
-    flips: dict[int, torch.Tensor] | None = None,
+    flips: Flips | None = None,
 ) -> list[torch.Tensor]:
     """`graph` evaluated op by op with ATen, as `fd.reference` (but see `_eval`).
 
@@ -180,8 +189,9 @@ def reference(
     guess), and a float cast to a narrower float its operand (a value at a half rounding
     boundary may land on either neighbour), in the run's direction: moving a result
     instead cancels against its operand's move wherever the op decreases.
-    record: filled with the operands of every comparison, by the id of its result.
-    flips: comparison results (by id) negated where the mask is set (`flip_uncertain`).
+    record: filled with the operands and the result of every comparison, by the id of
+    its result.
+    flips: comparison results (by id) forced where the mask is set (`flip_uncertain`).
     """
     g = torch.Generator().manual_seed(seed or 0)
     wide = upcast or rounded or seed is not None
@@ -211,10 +221,11 @@ def reference(
             if wide:
                 outs = [o.double() if o.is_floating_point() else o for o in outs]
         if node.op in _TIES:
-            if record is not None:
-                record[node.out.id] = [a.double() for a in args]
             if flips and node.out.id in flips:
-                outs = [outs[0] ^ flips[node.out.id].to(outs[0].device)]
+                mask, value = (t.to(outs[0].device) for t in flips[node.out.id])
+                outs = [torch.where(mask, value, outs[0])]
+            if record is not None:
+                record[node.out.id] = [*(a.double() for a in args), outs[0]]
         if rounded:
             outs = [o.to(v.dtype.torch).double() if v.dtype.is_float else o
                     for o, v in zip(outs, node.outputs)]  # fmt: skip
@@ -242,16 +253,21 @@ def widen_spread(spread: Operands, central: Operands, moved: Operands) -> None:
     for key, operands in central.items():
         if key not in moved:
             continue
-        widths = spread.setdefault(key, [torch.zeros_like(x) for x in operands])
-        for i, (x, y) in enumerate(zip(operands, moved[key])):
+        widths = spread.setdefault(key, [torch.zeros_like(x) for x in operands[:2]])
+        for i, (x, y) in enumerate(zip(operands[:2], moved[key][:2])):
             y = y.to(x.device)
             d = torch.where(x.isfinite() & y.isfinite(), (y - x).abs(), 0.0)
             widths[i] = torch.maximum(widths[i], d)
 
 
-def flip_uncertain(central: Operands, spread: Operands) -> dict[int, torch.Tensor]:
-    """Where each comparison may go either way: its operands (as `central` recorded them)
-    lie within their spreads (`widen_spread`) of each other.
+def held(decided: Operands) -> Flips:
+    """Every comparison forced to the result `decided` recorded for it."""
+    return {key: (torch.ones((), dtype=torch.bool), ops[2]) for key, ops in decided.items()}
+
+
+def flip_uncertain(central: Operands, spread: Operands) -> Flips:
+    """Where each comparison may go either way (its operands, as `central` recorded them,
+    lie within their spreads (`widen_spread`) of each other), the other answer.
 
     The perturbed runs cannot show such a flip where both operands move together: gelu(x)
     compared with its own bf16 rounding asks which way it rounded, and when 1 + erf(x)
@@ -259,15 +275,15 @@ def flip_uncertain(central: Operands, spread: Operands) -> dict[int, torch.Tenso
     """
     flips = {}
     for key, operands in central.items():
-        if len(operands) != 2 or key not in spread:
+        if len(operands) != 3 or key not in spread:
             continue
-        a, b = operands
+        a, b, result = operands
         margin = spread[key][0] + spread[key][1]
         # NaN operands: never (their comparisons are False); equal operands that no run
         # moves (gelu(x) == x once erf rounds to 1): never
         mask = ((a - b).abs() <= margin) & (margin > 0)
         if bool(mask.any()):
-            flips[key] = mask
+            flips[key] = (mask, ~result)
     return flips
 
 
@@ -285,14 +301,15 @@ def compare_output(
     perturbed: Sequence[torch.Tensor],
     n: int,
     ideal: torch.Tensor | None = None,
-    flipped: Sequence[Sequence[torch.Tensor]] = (),
+    alternatives: Sequence[Sequence[torch.Tensor]] = (),
 ) -> str | None:
     """None if output `i` of fuser is as good as eager's, else a message saying where not.
 
     `ideal`: the correctly rounded op-by-op result; fuser may match it instead of eager.
-    `flipped`: runs with the uncertain comparisons turned (`flip_uncertain`), each a
-    float64 run then its perturbed runs; fuser may match one within its own spread
-    (also where the unflipped answer is NaN).
+    `alternatives`: other answers, each a float64 run and then more runs of the same
+    branch (rounded, perturbed): the decomposed graph's, and those with the uncertain
+    comparisons turned (`flip_uncertain`). Fuser may match one within its own spread (also
+    where `ref64` is NaN), not anything between two branches.
     """
     if got.shape != eager.shape or got.dtype != eager.dtype:
         return (
@@ -309,6 +326,9 @@ def compare_output(
         # a comparison right at its threshold may flip: only where the perturbed runs do
         for p in moved:
             bad &= p.to(e.dtype) == r.to(e.dtype)
+        for family in alternatives:  # another branch of a comparison at a near-tie
+            for p in family:
+                bad &= g != p.detach().to(g.device).to(e.dtype)
         if bad.any():
             where = _where(bad)
             vals = [(w, g[w].item(), e[w].item()) for w in where]
@@ -322,9 +342,14 @@ def compare_output(
     for p in moved:
         sens = (p.double() - r64).abs()
         sensitivity = torch.maximum(sensitivity, torch.where(sens.isnan() | ~ok_r, torch.inf, sens))
+    # eager's own error: its distance from the nearest answer (eager may sit on another
+    # branch of a near-tie: its distance from float64's is then no error bound)
+    eager_err = (e64 - r64).abs()
+    for family in alternatives:
+        eager_err = torch.fmin(eager_err, (e64 - family[0].detach().to(g.device).double()).abs())
     slack = sensitivity.clone()
     both = ok_r & finite
-    slack[both] = torch.maximum(slack[both], EAGER_ERROR_FACTOR * (e64 - r64).abs()[both])
+    slack[both] = torch.maximum(slack[both], EAGER_ERROR_FACTOR * eager_err[both])
     # a NaN or inf must be where eager has it; where eager's own NaN/inf disagrees with
     # the float64 evaluation (CPU ATen's vectorized gelu gives NaN for huge and infinite
     # inputs), fuser may match the float64 evaluation instead, or a perturbed one (a
@@ -340,14 +365,19 @@ def compare_output(
         p64 = p.double()
         near = g64.isfinite() & p64.isfinite() & ((g64 - p64).abs() <= atol + 2 * rtol * p64.abs())
         odd &= ~_same_class(g64, _held(p64, e.dtype)) & ~near
-    for family in flipped:  # a flipped comparison's branch, within its own spread
-        c64 = family[0].detach().to(got.device).double()
+    other_branch = torch.zeros_like(g64, dtype=torch.bool)
+    for family in alternatives:  # another answer, within its own spread
+        runs = [p.detach().to(got.device).double() for p in family]
+        c64 = runs[0]
         spread = torch.zeros_like(c64)
-        for p in family[1:]:
-            d = (p.detach().to(got.device).double() - c64).abs()
+        for p64 in runs[1:]:
+            d = (p64 - c64).abs()
             spread = torch.maximum(spread, torch.where(d.isnan(), torch.inf, d))
         tol = atol + 2 * rtol * c64.abs() + spread
-        odd &= ~(g64.isfinite() & c64.isfinite() & ((g64 - c64).abs() <= tol))
+        other_branch |= g64.isfinite() & c64.isfinite() & ((g64 - c64).abs() <= tol)
+        for p64 in runs:
+            odd &= ~_same_class(g64, _held(p64, e.dtype))
+    odd &= ~other_branch
     # the largest finite value rounding to inf, or not (either side)
     g_near_max = g64.abs() >= fmax * (1 - 4 * torch.finfo(e.dtype).eps)
     odd &= ~(g64.isinf() & near_max) & ~(e64.isinf() & g_near_max)
@@ -358,6 +388,7 @@ def compare_output(
     val_bad = finite & (err > allowed)
     b64 = best.double()
     val_bad &= ~((g64 - b64).abs() <= atol + rtol * b64.abs() + sensitivity)  # as ideal
+    val_bad &= ~other_branch
     # chaotic elements: where perturbing every op by a few eps moves the float64 answer
     # by a quarter of the output's whole scale (cos of 1e9, renormalized), float32 has no
     # answer to compare; NaN and inf placement is still checked above
@@ -436,25 +467,42 @@ def judge(
     # graph fuser's kernels compute (a layer_norm's mean and its squared deviations move
     # on their own)
     final = run_pipeline(graph, fd.relaxed_precision).final
-    moved, flipped = [], []
+    moved: list[list[torch.Tensor]] = []
+    alternatives: list[list[list[torch.Tensor]]] = []
     for g in (graph, final):
+        # the perturbed runs keep every comparison as the float64 run decides it: they
+        # measure how far values move, not which branch a near-tie takes (a branch taken
+        # in one perturbed run would accept anything between the two branches)
         central: Operands = {}
-        reference(g, inputs, upcast=True, record=central)
+        center = reference(g, inputs, upcast=True, record=central)
         spread: Operands = {}
+        runs = []
         for i, s in enumerate(signs):
             operands: Operands = {}
-            moved.append(reference(g, inputs, seed=i, sign=s, record=operands))
+            runs.append(reference(g, inputs, seed=i, sign=s, record=operands, flips=held(central)))
             widen_spread(spread, central, operands)
-        # and runs with every comparison that may go either way turned the other way
+        if g is graph:
+            moved += runs
+        else:
+            # the decomposed graph's float64 answer is an answer of its own (its gelu goes
+            # through erf: at a near-tie it may take the other branch); its runs measure
+            # how far values move around it
+            moved += [[_recentred(p, c, r) for p, c, r in zip(run, center, ref64)] for run in runs]
+            rounded = reference(g, inputs, rounded=True, flips=held(central))
+            alternatives.append([center, rounded, *runs])
+        # the branches: every comparison that may go either way turned the other way
         flips = flip_uncertain(central, spread)
         if flips:
-            family = [reference(g, inputs, upcast=True, flips=flips)]
+            # float64, then rounded op by op as eager and fuser round (a bf16 division
+            # the float64 run keeps exact), then perturbed: the branch's own spread
+            turned: Operands = {}
+            family = [reference(g, inputs, upcast=True, flips=flips, record=turned)]
+            family.append(reference(g, inputs, rounded=True, flips=held(turned)))
             family += [
-                reference(g, inputs, seed=i, sign=s, flips=flips)
+                reference(g, inputs, seed=i, sign=s, flips=held(turned))
                 for i, s in enumerate(signs[:FLIPPED_RUNS])
             ]
-            moved += family
-            flipped.append(family)
+            alternatives.append(family)
     problems = []
     if len(got) != len(eager):
         return [f"fuser gives {len(got)} outputs, eager {len(eager)}"]
@@ -467,11 +515,19 @@ def judge(
             [m[i] for m in moved],
             lengths[v.id],
             ideal[i],
-            [[run[i] for run in family] for family in flipped],
+            [[run[i] for run in family] for family in alternatives],
         )
         if msg:
             problems.append(msg)
     return problems
+
+
+def _recentred(run: torch.Tensor, center: torch.Tensor, ref64: torch.Tensor) -> torch.Tensor:
+    """A perturbed run of another graph moved to sit around `ref64` as it sat around its
+    own `center` (booleans as they are)."""
+    if not run.is_floating_point():
+        return run
+    return ref64.to(run.device).double() + (run - center)
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -47,10 +47,38 @@ def out_of_memory(e: BaseException) -> bool:
     )
 
 
+# what CUDA says once a context no longer works: every call after a failed module load
+# ("unknown error"), or after a kernel fault; other CUDA errors (a bad launch) are errors
+CONTEXT_LOST = (
+    "unknown error",
+    "illegal memory access",
+    "illegal instruction",
+    "misaligned address",
+    "unspecified launch failure",
+    "CUDA_ERROR_UNKNOWN",
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+)
+
+
 def _context_error(out: Outcome) -> bool:
-    """The failure is the CUDA context's, not the case's ("CUDA error: unknown error" on
-    every call after a failed module load, or a kernel fault)."""
-    return any("CUDA error" in p or "CUDA_ERROR" in p for p in out.problems)
+    """The failure is the CUDA context's, not the case's."""
+    return any(m in p for p in out.problems for m in CONTEXT_LOST)
+
+
+def _release_memory(device: str) -> str | None:
+    """Give a case's cached GPU memory back (workers share the GPU, and a driver that runs
+    out of it while loading a module poisons the worker's context); the error, if the
+    context no longer works."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        torch.cuda.empty_cache()
+    except Exception as e:  # a kernel of this case faulted: empty_cache raises it too
+        return f"{type(e).__name__}: {str(e)[:300]}"
+    return None
 
 
 def _oom(e: BaseException) -> Outcome:
@@ -97,17 +125,18 @@ class Stats:
     seconds: float = 0.0
     batches: list[dict[str, Any]] = field(default_factory=list)
     kinds: Counter = field(default_factory=Counter)
-    backends: Counter = field(default_factory=Counter)  # fusions checked per backend
+    per_backend: Counter = field(default_factory=Counter)  # fusions checked per backend
     fallback_segments: int = 0
     failures: list[Failure] = field(default_factory=list)
     known: Counter = field(default_factory=Counter)  # failures of known, xfailed bugs
     cuda_lost: bool = False  # a kernel faulted; the worker stopped there
+    last_was_oom: bool = False  # the case just checked ran out of GPU memory
     invalid_examples: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["kinds"] = dict(self.kinds)
-        out["backends"] = dict(self.backends)
+        out["per_backend"] = dict(self.per_backend)
         out["known"] = dict(self.known)
         out["mismatches"] = sum(f.kind == "mismatch" for f in self.failures)
         out["errors"] = sum(f.kind == "error" for f in self.failures)
@@ -142,21 +171,23 @@ def run_batch(
         if (not shrinking and now > stop_at) or (shrinking and now > found["at"] + shrink_seconds):
             return  # out of time: let hypothesis wind down
         out = check_case(case, device, runs)
-        if device.startswith("cuda"):
-            # give the case's memory back: workers share the GPU, and a driver that runs
-            # out of it while loading a module poisons the worker's context
-            torch.cuda.empty_cache()
+        broken = _release_memory(device)
         count["shrink" if shrinking else "generate"] += 1
-        lost = out.status in ("error", "invalid") and (_context_error(out) or _gpu_lost(device))
-        if lost and stats.out_of_memory:
-            # after an out-of-memory the context may be poisoned: a failed module load
-            # (Triton's or the driver's) leaves "CUDA error: unknown error" on everything
-            # after it; this worker stops (and is replaced), and the case counts with the
-            # out-of-memory ones
+        lost = broken is not None or (
+            out.status in ("error", "invalid") and (_context_error(out) or _gpu_lost(device))
+        )
+        after_oom, stats.last_was_oom = stats.last_was_oom, out.status == "oom"
+        if lost and after_oom:
+            # right after an out-of-memory the context may be poisoned: a failed module
+            # load (Triton's or the driver's) leaves "CUDA error: unknown error" on
+            # everything after it; this worker stops (and is replaced), and the case
+            # counts with the out-of-memory ones
             out = Outcome("oom", out.problems)
             stats.cuda_lost = True
         elif lost:
             out.status = "error"  # the GPU's failure, not the generator's
+            if broken is not None:
+                out.problems.append(f"the CUDA context failed after this case: {broken}")
         if out.status == "oom":
             stats.out_of_memory += 1
             return
@@ -167,7 +198,7 @@ def run_batch(
             return
         if not shrinking:
             stats.kinds.update(out.kinds)
-            stats.backends[case.backend] += 1
+            stats.per_backend[case.backend] += 1
             stats.fallback_segments += out.fallbacks
         if lost:
             # a kernel faulted: every later case would fail too, so shrinking would only

@@ -83,17 +83,21 @@ def _options(arch: str, max_registers: int | None) -> list[str]:
     return opts
 
 
+def _core_options(arch: str, max_registers: int | None) -> dict[str, Any]:
+    """cuda.core's ProgramOptions for what `_options` says to the bindings path."""
+    return {
+        "arch": arch,
+        "std": "c++17",
+        "max_register_count": max_registers,
+        "diag_suppress": [UNUSED_VARIABLE],
+        "fma": False,  # as --fmad=false in _options: NVRTC contracts by default
+    }
+
+
 def _nvrtc_core(source: str, name: str, arch: str, max_registers: int | None) -> bytes:
     from cuda.core import Program, ProgramOptions
 
-    opts = ProgramOptions(
-        name=f"{name}.cu",
-        arch=arch,
-        std="c++17",
-        max_register_count=max_registers,
-        diag_suppress=[UNUSED_VARIABLE],
-        fma=False,  # as --fmad=false in _options: NVRTC contracts by default
-    )
+    opts = ProgramOptions(name=f"{name}.cu", **_core_options(arch, max_registers))
     try:
         return bytes(Program(source, "c++", opts).compile("cubin").code)
     except Exception as e:  # cuda.core raises its own NVRTCError carrying the log
@@ -149,8 +153,10 @@ def _nvrtc(source: str, name: str, arch: str, max_registers: int | None) -> byte
 def compile_cubin(source: str, name: str, arch: str, max_registers: int | None = None) -> bytes:
     """The cubin of `source` for `arch` ("sm_90"), from memory, disk or NVRTC."""
     t0 = time.perf_counter()
-    # the options are part of the key: a cubin made with others (FMA contraction) is stale
-    key = digest(source, arch, max_registers, nvrtc_version(), *_options(arch, max_registers))
+    # the compiler and its options are part of the key: a cubin made with others (FMA
+    # contraction) is stale
+    core = sorted(_core_options(arch, max_registers).items())
+    key = digest(source, arch, nvrtc_version(), COMPILER, _options(arch, max_registers), core)
     with _lock:
         cubin = _cubins.get(key)
     if cubin is not None:
