@@ -146,22 +146,7 @@ def _rms_norm_definition(node: Node, args: list[torch.Tensor]) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-_TIES = {
-    Op.EQ: lambda a, b, close: close,
-    Op.NE: lambda a, b, close: ~close,
-    Op.GE: lambda a, b, close: (a >= b) | close,
-    Op.LE: lambda a, b, close: (a <= b) | close,
-    Op.GT: lambda a, b, close: (a > b) & ~close,
-    Op.LT: lambda a, b, close: (a < b) & ~close,
-}
-
-
-def _compare_with_ties(node: Node, args: list[torch.Tensor], rel: float) -> torch.Tensor:
-    """A comparison that takes operands within `rel` of each other as equal: a tie that
-    an ulp of difference decides (gelu(x) == x once erf(x) rounds to 1)."""
-    a, b = args
-    close = (a - b).abs() <= rel * torch.maximum(a.abs(), b.abs())
-    return _TIES[node.op](a, b, close)
+COMPARISONS = frozenset({Op.EQ, Op.NE, Op.GE, Op.LE, Op.GT, Op.LT})
 
 
 def reference(
@@ -183,8 +168,9 @@ def reference(
     dtype, and the operands of every reduction and composite moved by +-16 float32 ulps
     per element: the size of float32 accumulation error (a sum of n terms errs by
     ~eps * sum|x|, not eps * |sum|; two-pass and Welford variances differ by eps * mean^2).
-    With sign +1, comparisons of operands within 256 float32 ulps are ties; with sign -1,
-    results below the smallest normal flush to zero (a GPU's approximate exp2 does).
+    With sign -1, results below the smallest normal flush to zero (a GPU's approximate
+    exp2 does). Comparisons are not moved: `judge` holds them (`held`) and turns the
+    uncertain ones in runs of their own (`flip_uncertain`).
     sin and cos take their argument moved by +-16 float32 ulps (sin(1e30) is anyone's
     guess), and a float cast to a narrower float its operand (a value at a half rounding
     boundary may land on either neighbour), in the run's direction: moving a result
@@ -213,14 +199,11 @@ def reference(
             args = [_moved(args[0], eps32, sign, g)]
         if wide and node.op == Op.CAST and node.attr("dtype").is_float:
             outs = [args[0].to(node.attr("dtype").torch).double()]  # keep the rounding
-        elif seed is not None and sign == 1.0 and node.op in _TIES:
-            # wider than the operands' own perturbations, which stack up along a chain
-            outs = [_compare_with_ties(node, args, 16 * eps32)]
         else:
             outs = _eval(node, args, device, constants)
             if wide:
                 outs = [o.double() if o.is_floating_point() else o for o in outs]
-        if node.op in _TIES:
+        if node.op in COMPARISONS:
             if flips and node.out.id in flips:
                 mask, value = (t.to(outs[0].device) for t in flips[node.out.id])
                 outs = [torch.where(mask, value, outs[0])]
