@@ -28,10 +28,9 @@ from fuser.fuzz.case import FuzzCase, InputSpec, Ref, Step, build, make_input, r
 from fuser.fuzz.check import (
     compare,
     compare_output,
-    flip_uncertain,
     judge,
+    perturbed_runs,
     reference,
-    widen_spread,
 )
 from fuser.fuzz.generator import CPU, GPU, fuzz_cases
 from fuser.fuzz.known import KNOWN, known_issue
@@ -192,15 +191,8 @@ def test_flipped_comparisons_excuse_only_near_ties() -> None:
     assert judge(fd, inputs, [got]) == []
     (msg,) = judge(fd, inputs, [~got])
     assert int(msg.split(": ")[1].split()[0]) > got.numel() // 2, msg
-    graph = fd.bind(inputs)
-    central: dict = {}
-    reference(graph, inputs, upcast=True, record=central)
-    spread: dict = {}
-    for i, sign in enumerate((1.0, -1.0)):
-        operands: dict = {}
-        reference(graph, inputs, seed=i, sign=sign, record=operands)
-        widen_spread(spread, central, operands)
-    ((mask, _),) = flip_uncertain(central, spread).values()
+    flips = perturbed_runs(fd.bind(inputs), inputs, (1.0, -1.0))[3]
+    ((mask, _),) = flips.values()
     assert 0 < int(mask.sum()) < got.numel() // 20, int(mask.sum())
 
 
@@ -216,15 +208,8 @@ def test_a_flipped_branch_is_not_a_blank_cheque() -> None:
     inputs = [torch.linspace(-5.0, -4.0, 4001, dtype=F32).to(DEVICE)]
     got = fd.execute(inputs)[0]
     assert judge(fd, inputs, [got]) == []
-    graph = fd.bind(inputs)
-    central: dict = {}
-    reference(graph, inputs, upcast=True, record=central)
-    spread: dict = {}
-    for i, sign in enumerate((1.0, -1.0, None)):
-        operands: dict = {}
-        reference(graph, inputs, seed=i, sign=sign, record=operands)
-        widen_spread(spread, central, operands)
-    ((mask, _),) = flip_uncertain(central, spread).values()
+    flips = perturbed_runs(fd.bind(inputs), inputs, (1.0, -1.0, None))[3]
+    ((mask, _),) = flips.values()
     assert int(mask.sum()) >= 3
     other = torch.where(mask, -got, got)  # the other branch wherever it may be taken
     assert judge(fd, inputs, [other]) == []

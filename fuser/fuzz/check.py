@@ -434,6 +434,26 @@ def compare(
     return problems
 
 
+def perturbed_runs(
+    graph: Graph, inputs: Sequence[torch.Tensor], signs: Sequence[float | None]
+) -> tuple[list[torch.Tensor], list[list[torch.Tensor]], Operands, Flips]:
+    """The float64 run of `graph`, its perturbed runs (one per sign), the float64 run's
+    comparisons (`record`) and those of them that may go either way (`flip_uncertain`).
+
+    The perturbed runs keep every comparison as the float64 run decides it: they measure
+    how far values move, not which branch a near-tie takes (a branch taken in one
+    perturbed run would make anything between the two branches acceptable)."""
+    central: Operands = {}
+    center = reference(graph, inputs, upcast=True, record=central)
+    spread: Operands = {}
+    runs = []
+    for i, s in enumerate(signs):
+        operands: Operands = {}
+        runs.append(reference(graph, inputs, seed=i, sign=s, record=operands, flips=held(central)))
+        widen_spread(spread, central, operands)
+    return center, runs, central, flip_uncertain(central, spread)
+
+
 def judge(
     fd: FusionDefinition, inputs: Sequence[torch.Tensor], got: Sequence[torch.Tensor]
 ) -> list[str]:
@@ -453,17 +473,7 @@ def judge(
     moved: list[list[torch.Tensor]] = []
     alternatives: list[list[list[torch.Tensor]]] = []
     for g in (graph, final):
-        # the perturbed runs keep every comparison as the float64 run decides it: they
-        # measure how far values move, not which branch a near-tie takes (a branch taken
-        # in one perturbed run would accept anything between the two branches)
-        central: Operands = {}
-        center = reference(g, inputs, upcast=True, record=central)
-        spread: Operands = {}
-        runs = []
-        for i, s in enumerate(signs):
-            operands: Operands = {}
-            runs.append(reference(g, inputs, seed=i, sign=s, record=operands, flips=held(central)))
-            widen_spread(spread, central, operands)
+        center, runs, central, flips = perturbed_runs(g, inputs, signs)
         if g is graph:
             moved += runs
         else:
@@ -474,7 +484,6 @@ def judge(
             rounded = reference(g, inputs, rounded=True, flips=held(central))
             alternatives.append([center, rounded, *runs])
         # the branches: every comparison that may go either way turned the other way
-        flips = flip_uncertain(central, spread)
         if flips:
             # float64, then rounded op by op as eager and fuser round (a bf16 division
             # the float64 run keeps exact), then perturbed: the branch's own spread

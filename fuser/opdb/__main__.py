@@ -91,8 +91,8 @@ def _merge(paths: list[str], out: str | None) -> int:
     print(f"{len(paths)} shard(s), backend {backend} (time: the samples' own, summed)")
     print(summary_text(reports, orphans, seconds))
     if out:
-        merged = {**parts[0], "shards": len(paths), "no_opinfo": orphans, "ops": []}
-        merged["ops"] = [asdict(r) for r in reports]
+        ops = [asdict(r) for r in reports]
+        merged = {**parts[0], "shards": len(paths), "no_opinfo": orphans, "ops": ops}
         with open(out, "w") as f:
             json.dump(merged, f, indent=1)
     return 1 if any(r.count("failed") for r in reports) else 0

@@ -56,38 +56,38 @@ def parse_resource_usage(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-        path = f.name
-    try:
-        text = subprocess.run(
-            [cuobjdump(), "--dump-resource-usage", path], capture_output=True, text=True, check=True
-        ).stdout
-    finally:
-        os.unlink(path)
-    return parse_resource_usage(text)
-
-
-def sass(cubin: bytes) -> str:
-    """The machine code of `cubin` as cuobjdump prints it (what ptxas made of the PTX)."""
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """What cuobjdump `flag` prints about `cubin`."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
         path = f.name
     try:
         return subprocess.run(
-            [cuobjdump(), "-sass", path], capture_output=True, text=True, check=True
+            [cuobjdump(), flag, path], capture_output=True, text=True, check=True
         ).stdout
     finally:
         os.unlink(path)
 
 
+def cubin_resources(cubin: bytes) -> dict[str, dict[str, int]]:
+    return parse_resource_usage(_cuobjdump(cubin, "--dump-resource-usage"))
+
+
+def sass(cubin: bytes) -> str:
+    """The machine code of `cubin` as cuobjdump prints it (what ptxas made of the PTX)."""
+    return _cuobjdump(cubin, "-sass")
+
+
+def _cuda_cubin(kernel: Any, arch: str) -> bytes:
+    from fuser.runtime.cuda_backend import compile_cubin
+
+    return compile_cubin(kernel.source, kernel.name, arch, kernel.schedule.max_registers)
+
+
 def kernel_sass(kernel: Any, arch: str = "sm_90") -> str:
     """`kernel`'s machine code for `arch`, compiled as the runtime compiles it; no GPU."""
     if kernel.backend == "cuda":
-        from fuser.runtime.cuda_backend import compile_cubin
-
-        return sass(compile_cubin(kernel.source, kernel.name, arch, kernel.schedule.max_registers))
+        return sass(_cuda_cubin(kernel, arch))
     job = _job(kernel, arch)
     if not use_interpreter():
         return _triton_sass(job)
@@ -154,11 +154,9 @@ def _with_spills(r: dict[str, int]) -> dict:
 def cuda_resources(kernel: Any, arch: str = "sm_90") -> dict:
     """NVRTC compiles the CUDA source to a cubin for `arch` (no GPU needed); cuobjdump
     reads it. A split column reduction's finalize kernel is reported under "finalize"."""
-    from fuser.runtime.cuda_backend import compile_cubin
     from fuser.schedulers.registers import estimate_for
 
-    cubin = compile_cubin(kernel.source, kernel.name, arch, kernel.schedule.max_registers)
-    res = cubin_resources(cubin)
+    res = cubin_resources(_cuda_cubin(kernel, arch))
     out = _with_spills(res.get(kernel.name) or next(iter(res.values())))
     fin = res.get(kernel.name + "_finalize")
     if fin is not None:
