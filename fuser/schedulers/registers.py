@@ -111,8 +111,10 @@ def one_warp_registers(regs: int) -> int:
 # and looped kernels in fp16/bf16/fp32 (tests/test_cuda_backend.py checks them).
 # Persistent: ~21 registers of indices, row values and the reduction, plus the buffers,
 # plus about an eighth of the column-input words of the row (their loads run ahead).
-# (24 while cuda.core's NVRTC path still contracted multiply-adds; without contraction the
-# seed sweep and the layernorm/softmax cases need 0-14 fewer, 3.8 on average.)
+# (24 while cuda.core's NVRTC path still contracted multiply-adds; without contraction
+# NVRTC uses from 8 more to 21 fewer on the seed sweep and the layernorm/softmax cases, 2.4
+# fewer on average, and 24 overestimated by 3.8 on average, 21 by 0.8:
+# benchmarks/results/cpu-2026-11-24-cuda-registers.)
 CUDA_PERSISTENT_BASE = 21
 CUDA_COLUMN_LOOKAHEAD = 8
 CUDA_PREFETCH_PER_WORD = 2
