@@ -28,8 +28,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fuser  # noqa: E402,F401  (registers the backend; chooses Triton's mode first)
-from examples.gpt2 import get_config  # noqa: E402
+import fuser  # noqa: E402,F401  (registers the backend)
 from examples.train_gpt2 import (  # noqa: E402
     RunResult,
     fresh_model,
@@ -37,6 +36,7 @@ from examples.train_gpt2 import (  # noqa: E402
     run_training,
     summary,
 )
+from fuser.examples.gpt2 import get_config  # noqa: E402
 
 LOSS_TOL = 0.05  # absolute: bf16 keeps ~3 significant digits of a loss near 10
 
@@ -136,9 +136,9 @@ def run_impl(impl: str, args: argparse.Namespace, batches: list, out_dir: Path) 
         return res
     print(f"{summary(res)}  [{time.perf_counter() - t0:.0f} s]", flush=True)
     if impl == "fuser":
-        text = fuser.explain(model, print_it=False)
+        text = fuser.explain(model)
         (out_dir / "gpt2_fuser_explain.txt").write_text(text + "\n")
-        brief = fuser.explain(model, print_it=False, brief=True)
+        brief = fuser.explain(model, brief=True)
         (out_dir / "gpt2_fuser_explain_brief.txt").write_text(brief + "\n")
     for steps, kind, run in (
         (args.host_profile_steps, "host", host_profile),
@@ -180,7 +180,7 @@ def check_pass(args: argparse.Namespace, batches: list, out_dir: Path) -> dict[s
         for r in regions
         if r.fallback is not None
     ]
-    text = fuser.explain(backend, print_it=False)
+    text = fuser.explain(backend)
     (out_dir / "gpt2_fuser_check.txt").write_text(text + "\n")
     return {"kind": "check", "regions": len(regions), "mismatches": bad, "fallbacks": fell_back}
 

@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,8 +23,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.gpt2 import GPT, get_config  # noqa: E402
+from fuser.examples.gpt2 import GPT, get_config
 
 BACKENDS = ("eager", "fuser", "inductor")
 
@@ -195,7 +193,7 @@ def main(argv: list[str] | None = None) -> RunResult:
     batch = args.batch or (16 if device.startswith("cuda") else 2)
     seq = args.seq or (cfg.block_size if device.startswith("cuda") else 8)
     if args.backend == "fuser":
-        import fuser  # noqa: F401  (on CPU: chooses Triton's interpreter before torch does)
+        import fuser  # noqa: F401  (registers the backend; the entry point would too)
     model = fresh_model(args.config, device, args.vocab, args.seed)
     print(
         f"GPT-2 {args.config}: {model.num_params() / 1e6:.1f}M parameters, B={batch} T={seq}, "
@@ -216,7 +214,7 @@ def main(argv: list[str] | None = None) -> RunResult:
     if args.explain and args.backend == "fuser":
         import fuser
 
-        fuser.explain(model)
+        print(fuser.explain(model))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(asdict(res), indent=1) + "\n")

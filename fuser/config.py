@@ -11,6 +11,7 @@ FUSER_PAD_MATMULS  0 leaves torch.compile(backend="fuser") graphs' unaligned mat
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,23 +46,22 @@ def debug_print(level: int, text: str) -> None:
 
 
 def use_interpreter() -> bool:
-    """Whether Triton kernels run in Triton's CPU interpreter in this process."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Whether fuser runs its Triton kernels in Triton's CPU interpreter in this process:
+    as TRITON_INTERPRET says when it is set, else when torch sees no CUDA GPU.
+
+    Not by setting TRITON_INTERPRET: Triton reads it as each @triton.jit function is made,
+    and torch.compile imports Triton (and makes triton.language's own jit functions)
+    before the "fuser" entry point imports fuser, so a switch here would come too late for
+    those. fuser's runtime makes its interpreted kernels itself (runtime/triton_backend.py),
+    the same whichever was imported first."""
+    flag = os.environ.get("TRITON_INTERPRET")
+    if flag is not None:
+        return flag not in ("", "0")
+    return not _cuda_available()
 
 
-def _choose_triton_mode() -> None:
-    # Triton decides interpreter-or-compiler when its modules are first imported, so the
-    # choice is made here, before fuser imports Triton: no GPU means the interpreter.
-    if "TRITON_INTERPRET" in os.environ:
-        return
-    import sys
-
-    if "triton" in sys.modules:
-        return
+@functools.cache
+def _cuda_available() -> bool:
     import torch
 
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-
-
-_choose_triton_mode()
+    return torch.cuda.is_available()

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     err = (out.float() - ref.float()).abs().max().item()
     print(f"max |fuser - ATen| = {err:.3g} (fp16 output)")
     print("\n== fd.explain() ==")
-    fd.explain()
+    print(fd.explain())
     kernel = fd.kernels[0]
     print("\n== what the same fusion gets at 8192 rows on an H100 (fd.compile, nothing runs) ==")
     meta = [torch.empty_like(t, device="meta") for t in seed_inputs(1, args.hidden)]

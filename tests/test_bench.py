@@ -77,3 +77,34 @@ def test_regret_prefers_the_confirmed_timings() -> None:
     (both,) = regret(swept + confirmed)
     assert both["backend"] == "cuda" and both["confirmed"] and both["candidates"] == 2
     assert both["regret"] == pytest.approx(0.9 / 0.8 - 1)
+
+
+def test_smoke_run_leaves_the_current_folder_alone(tmp_path, monkeypatch, capsys) -> None:
+    """No --out: results go under fuser's cache folder (printed), not the current folder
+    (a checkout); the table has a header row and a pass column."""
+    from fuser.config import config
+
+    here = tmp_path / "checkout"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setattr(config, "cache_dir", tmp_path / "cache")
+    assert main(["--cpu-smoke", "--ops", "bias_grad", "--hidden", "37"]) == 0
+    assert list(here.iterdir()) == []
+    out = tmp_path / "cache" / "bench" / "latest"
+    assert (out / "results.jsonl").exists()
+    lines = capsys.readouterr().out.splitlines()
+    assert f"results -> {out}" in lines
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("op "))
+    assert lines[head].split()[:4] == ["op", "shape", "impl", "pass"]
+    row = lines[head + 1].split()
+    assert row[:4] == ["bias_grad", "3x37", "fuser-triton", "ok"]
+
+
+def test_pass_column() -> None:
+    from fuser.bench.report import header, line
+
+    col = header().index("pass")
+    wrong = {"op": "x", "shape": "8x64", "impl": "fuser-triton", "error": "max |diff| 1"}
+    right = {**wrong, "error": None, "correct": True}
+    timing = {"op": "copy", "shape": "1GiB", "impl": "torch-copy", "gbps": 3e3, "copy_gbps": 3e3}
+    assert [line(r)[col : col + 4].strip() for r in (wrong, right, timing)] == ["FAIL", "ok", ""]

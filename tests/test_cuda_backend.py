@@ -168,7 +168,7 @@ def test_explain_shows_cuda_estimate_against_nvrtc():
     fd = seed_layernorm_fusion()
     (k,) = fd.compile(seed_inputs(2, 1600), "h100", "cuda")
     r = k.resources()
-    text = fd.explain(print_it=False)
+    text = fd.explain()
     assert "[cuda]" in text and f"{r['registers']} registers" in text, text
     assert r["estimate"] == estimate_for(k.spec, k.schedule, "cuda")
 

@@ -199,7 +199,7 @@ def test_fallbacks_are_reported_with_reasons():
     assert "no fuser lowering for aten.cumsum" in reasons["aten.cumsum"]
     assert "transpose" in reasons["aten.t"]
     assert reasons["aten.nll_loss_forward"] == "nll_loss with class weights"
-    text = fuser.explain(backend, print_it=False)
+    text = fuser.explain(backend)
     assert "aten.mm" in text and "nll_loss with class weights" in text
 
 
@@ -214,7 +214,7 @@ def test_region_that_cannot_be_planned_falls_back_visibly(monkeypatch):
     torch.testing.assert_close(f(x), (x * 2).exp().sum(-1))
     (region,) = backend.captures[0].graphs[0].regions
     assert not region.fused and "vector 8 does not divide 5" in region.fallback
-    assert "runs as ATen ops: ScheduleError" in fuser.explain(backend, print_it=False)
+    assert "runs as ATen ops: ScheduleError" in fuser.explain(backend)
 
 
 def test_run_time_failure_falls_back_with_a_warning(monkeypatch):
@@ -309,10 +309,10 @@ def test_trace_and_explain():
     assert not [f for f in t.fallbacks if "layer_norm" in f.op or "gelu" in f.op]
     assert x.grad is None and w.grad is None  # trace does not touch .grad
     torch.testing.assert_close(t.outputs, _block(x, w, b))
-    text = t.explain(print_it=False)
+    text = t.explain()
     for part in ("forward graph", "backward graph", "region", "kernel", "schedule:"):
         assert part in text, part
-    assert "@triton.jit" in t.explain(source=True, print_it=False)
+    assert "@triton.jit" in t.explain(source=True)
     assert "@triton.jit" not in text
 
 
@@ -328,11 +328,72 @@ def test_explain_a_compiled_module():
 
     model = Block()
     compiled = torch.compile(model, backend="fuser")
-    assert "nothing compiled" in fuser.explain(compiled, print_it=False)
+    assert "nothing compiled" in fuser.explain(compiled)
     with torch.no_grad():
         compiled(rand(3, 8, grad=False))
-    text = fuser.explain(compiled, print_it=False)
+    text = fuser.explain(compiled)
     assert "inference graph" in text and "native_layer_norm" in text and "aten.addmm" in text
+
+
+def test_explain_finds_models_compiled_by_name():
+    """backend="fuser" (the string): explain finds a compiled nn.Sequential's regions
+    through the compiled module or the module itself (Dynamo's frame for it is torch's
+    wrapper, not the model's forward), and not another model's."""
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.LayerNorm(8))
+
+    a, b = model(), model()
+    ca, cb = torch.compile(a, backend="fuser"), torch.compile(b, backend="fuser")
+    ca(rand(4, 8, grad=False)).sum().backward()
+    for obj in (ca, a):
+        text = fuser.explain(obj)
+        assert "forward graph" in text and "backward graph" in text, text
+        assert "native_layer_norm" in text and "gelu" in text, text
+    assert "nothing compiled" in fuser.explain(cb)
+    with torch.no_grad():
+        cb(rand(4, 8, grad=False))
+    text = fuser.explain(b)
+    assert "-- inference" in text and "forward graph" not in text, text
+    assert "-- inference" not in fuser.explain(a)
+
+
+def test_explain_finds_functions_compiled_by_name():
+    def f(x):
+        return torch.softmax(x * 2, -1)
+
+    compiled = torch.compile(f, backend="fuser")
+    compiled(rand(3, 5, grad=False))
+    for obj in (compiled, f):
+        text = fuser.explain(obj)
+        assert "1 fused regions" in text and "_softmax" in text, text
+
+
+def test_every_explain_returns_its_report_and_prints_nothing(capsys):
+    """One convention: explain() returns the report, a str whose repr is the text (a REPL
+    shows it once, laid out), and prints nothing."""
+    x = rand(3, 8, grad=False)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.softmax(fd.define_tensor([-1, -1], torch.float32), -1))
+    fd.execute([x])
+    f = torch.compile(lambda x: torch.tanh(x) * 2, backend="fuser")
+    f(x)
+    t = fuser.trace(lambda x: torch.sigmoid(x) + 1, x)
+    reports = [
+        fd.explain(),
+        fuser.explain(fd),
+        fd.kernels[0].explain(),
+        fd.kernels[0].schedule.explain(),
+        fuser.explain(f),
+        fuser.explain(f, brief=True),
+        t.explain(),
+        fuser.explain(t, source=True),
+    ]
+    assert capsys.readouterr().out == ""
+    for text in reports:
+        assert isinstance(text, str) and "\n" in text
+        assert repr(text) == str(text)
+    assert "schedule:" in reports[0] and "@triton.jit" in reports[-1]
 
 
 def test_fuser_debug_prints_while_running(monkeypatch, capsys):
@@ -352,7 +413,7 @@ def test_new_batch_size_recompiles_visibly():
         x = rand(rows, 5, grad=False)
         torch.testing.assert_close(f(x), F.gelu(x).sum(-1))
     assert [c.recompile for c in backend.captures] == [False, True]
-    assert "1 recompile(s)" in fuser.explain(backend, print_it=False)
+    assert "1 recompile(s)" in fuser.explain(backend)
 
 
 def test_dynamic_shapes_are_specialized_per_size():
@@ -438,12 +499,15 @@ def test_check_mode_reports_a_wrong_lowering(monkeypatch):
     torch.testing.assert_close(out, x.exp() + 1)  # the ATen result is the one returned
     (region,) = backend.captures[0].graphs[0].regions
     assert region.mismatches
-    assert "CHECK FAILED" in fuser.explain(backend, print_it=False)
+    assert "CHECK FAILED" in fuser.explain(backend)
 
 
 def test_backend_name_works_without_importing_fuser_first():
-    """The entry point registers "fuser" on lookup; importing fuser afterwards (or after
-    Dynamo discovered the entry point) must not register it twice."""
+    """The entry point registers "fuser" on lookup and imports fuser after Dynamo imported
+    Triton (and with it triton.language's jit functions, in compiled mode: no
+    TRITON_INTERPRET is set). The regions still fuse and run, on CPU in the interpreter
+    (reductions included: tl.sum, tl.max), as when fuser is imported first; importing
+    fuser afterwards must not register the backend twice."""
     import os
     import subprocess
     import sys
@@ -451,20 +515,37 @@ def test_backend_name_works_without_importing_fuser_first():
     if not [ep for ep in entry_points(group="torch_dynamo_backends") if ep.name == "fuser"]:
         pytest.skip("fuser is not pip-installed here (no entry-point metadata)")
     script = (
-        "import sys, torch\n"
+        "import sys, torch, triton\n"
         "assert 'fuser' in torch._dynamo.list_backends()\n"
         "assert 'fuser' not in sys.modules\n"
-        "f = torch.compile(lambda x: torch.tanh(x) * 2, backend='fuser')\n"
-        "x = torch.randn(3, 4)\n"
-        "torch.testing.assert_close(f(x), torch.tanh(x) * 2)\n"
+        "def g(x):\n"
+        "    return torch.softmax(torch.tanh(x) * 2, -1), x.amax(-1)\n"
+        "f = torch.compile(g, backend='fuser')\n"
+        "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "x = torch.randn(3, 5, device=device)\n"
+        "torch.testing.assert_close(f(x), g(x))\n"
         "import fuser\n"
-        "text = fuser.explain(f, print_it=False)\n"
-        "assert '1 fused regions' in text, text\n"
+        "text = fuser.explain(f)\n"
+        "assert '2 fused regions' in text and 'ATen calls (0)' in text, text\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_cpu_tensors_in_a_gpu_process_fall_back_with_a_warning(monkeypatch):
+    """Where fuser compiles Triton for a GPU, CPU tensors cannot run: the graph stays ATen,
+    with a warning that says why (not only a line in explain)."""
+    import fuser.dynamo.context as context
+
+    monkeypatch.setattr(context, "use_interpreter", lambda: False)  # as with a GPU
+    backend = FuserBackend()
+    f = torch.compile(lambda x: torch.tanh(x) * 2, backend=backend, dynamic=False)
+    x = rand(3, 4, grad=False)
+    with pytest.warns(UserWarning, match="this one has a GPU"):
+        torch.testing.assert_close(f(x), torch.tanh(x) * 2)
+    assert "0 fused regions" in fuser.explain(backend)
 
 
 def test_row_views_do_not_split_regions():
@@ -497,7 +578,7 @@ def test_a_lowering_crash_leaves_the_graph_to_aten(monkeypatch):
     x = rand(3, 4, grad=False)
     with pytest.warns(UserWarning, match="runs as ATen ops: RuntimeError: partitioner bug"):
         torch.testing.assert_close(f(x), torch.sigmoid(x) * x)
-    assert "LOWERING FAILED" in fuser.explain(backend, print_it=False)
+    assert "LOWERING FAILED" in fuser.explain(backend)
     with pytest.raises(Exception, match="partitioner bug"):
         torch.compile(lambda x: x.cos() + 1, backend=FuserBackend(strict=True))(x)
 

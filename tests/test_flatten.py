@@ -38,7 +38,7 @@ def test_odd_rows_run_flat_and_agree(shape: tuple[int, int], dtype: torch.dtype)
     fd = _scaled_sum(dtype)
     a, b = _randn(*shape, dtype=dtype, seed=1), _randn(*shape, dtype=dtype, seed=2)
     (y,) = fd.execute([a, b])
-    assert _flat_note(fd), fd.explain(print_it=False)
+    assert _flat_note(fd), fd.explain()
     ref = (a.float() * 0.5 + torch.tanh(b.float())).to(dtype)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(y, ref, atol=tol, rtol=tol)

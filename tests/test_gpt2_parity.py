@@ -4,16 +4,11 @@ after the first step matches eager's (fused kernels run in Triton's interpreter)
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from fuser.dynamo import FuserBackend
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.gpt2 import GPT, GPTConfig  # noqa: E402
+from fuser.examples.gpt2 import GPT, GPTConfig
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16)
 B, T, STEPS = 2, 8, 3

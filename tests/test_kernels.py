@@ -722,9 +722,9 @@ EXPLAINED = [
 @pytest.mark.parametrize("kind,build,inputs", EXPLAINED)
 def test_explain_and_source(kind: str, build: Callable, inputs: Callable) -> None:
     fd = define(build, "explained")
-    assert "nothing compiled" in fd.explain(print_it=False)
+    assert "nothing compiled" in fd.explain()
     fd.execute(inputs())
-    text = fd.explain(print_it=False)
+    text = fd.explain()
     assert kind in text and "regs" in text, text
     (k,) = fd.kernels
     assert k.schedule.kind == kind

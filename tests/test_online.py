@@ -152,7 +152,7 @@ def test_cross_entropy_fwd_bwd_is_two_passes() -> None:
     spec, plan, k = _plan(fd, [meta(8192, 50257, dtype=BF16), meta(8192, dtype=torch.int64)])
     assert plan.passes == ((1, 2),) and len(plan.pairs) == 1 and plan.count == 2
     assert [n.op for n in plan.reductions((1, 2), spec)] == [Op.SUM]  # the picked logit
-    assert "2 passes over the row instead of 3" in fd.explain(print_it=False)
+    assert "2 passes over the row instead of 3" in fd.explain()
 
 
 def test_composite_cross_entropy_is_one_pass() -> None:

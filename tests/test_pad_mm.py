@@ -52,7 +52,7 @@ def test_lm_head_with_odd_vocabulary_forward_and_backward() -> None:
     assert any("N 61 -> 64" in n for n in notes), notes  # forward: the logits' columns
     assert any("K 61 -> 64" in n for n in notes), notes  # backward: dx = dlogits @ w
     assert any("M 61 -> 64" in n for n in notes), notes  # backward: dw = dlogits.T @ x
-    assert "padded" in fuser.explain(be, print_it=False)
+    assert "padded" in fuser.explain(be)
 
 
 def test_addmm_bias_is_padded_with_its_columns() -> None:

@@ -10,6 +10,7 @@ examples:
   python -m fuser.bench                                  # the full default suite
   python -m fuser.bench --ops ln_fused --hidden 1024:8192:1024 --sweep
   python -m fuser.bench --cpu-smoke                      # no GPU: correctness only
+  python -m fuser.bench --out benchmarks/results/h100-$(date +%F)   # keep the results
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from pathlib import Path
 import torch
 
 from fuser.bench.cases import OPS
-from fuser.bench.report import line, plot, regret, regret_summary, write_jsonl
+from fuser.bench.report import header, line, plot, regret, regret_summary, write_jsonl
 from fuser.bench.run import Options, run
+from fuser.config import config
 
 
 def _sizes(text: str) -> list[int]:
@@ -113,8 +115,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--out",
         type=Path,
-        default=Path("benchmarks/results/latest"),
-        help="folder for results.jsonl, regret.jsonl and the plots",
+        default=None,
+        help="folder for results.jsonl, regret.jsonl and the plots (default: "
+        "bench/latest in fuser's cache folder, ~/.cache/fuser/bench/latest; printed)",
     )
     ap.add_argument(
         "--cpu-smoke",
@@ -150,30 +153,35 @@ def main(argv: list[str] | None = None) -> int:
         resources=not args.no_resources,
     )
     rows: list[dict] = []
-    args.out.mkdir(parents=True, exist_ok=True)
-    partial = args.out / "results.partial.jsonl"  # grows as measurements come in
+    # not the current folder: a smoke run in a checkout would leave results in it
+    out = args.out or config.cache_dir / "bench" / "latest"
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"results -> {out}", flush=True)
+    partial = out / "results.partial.jsonl"  # grows as measurements come in
     partial.unlink(missing_ok=True)
 
     def emit(r: dict) -> None:
+        if not rows:
+            print(header(), flush=True)
         rows.append(r)
         print(line(r), flush=True)
         with open(partial, "a") as f:
             f.write(json.dumps(r) + "\n")
 
     run(opts, emit)
-    write_jsonl(rows, args.out / "results.jsonl")
+    write_jsonl(rows, out / "results.jsonl")
     partial.unlink(missing_ok=True)
     reg = regret(rows)
     if reg:
-        write_jsonl(reg, args.out / "regret.jsonl")
+        write_jsonl(reg, out / "regret.jsonl")
         print(regret_summary(reg))
-    for p in plot(rows, args.out):
+    for p in plot(rows, out):
         print(f"plot: {p}")
     bad = [r for r in rows if r["impl"].startswith("fuser-") and r.get("error")]
     bad += [r for r in rows if r["impl"].startswith("sweep-") and r.get("error")]
     for r in bad:
         print(f"FAILED {r['op']} {r['shape']} {r['impl']} {r.get('schedule', '')}: {r['error']}")
-    print(f"{len(rows)} measurements -> {args.out / 'results.jsonl'}")
+    print(f"{len(rows)} measurements -> {out / 'results.jsonl'}")
     return 1 if bad else 0
 
 

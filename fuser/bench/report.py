@@ -8,10 +8,25 @@ from collections import defaultdict
 from pathlib import Path
 
 
+def header() -> str:
+    """The terminal table's header row."""
+    cells = [f"{'op':22s}", f"{'shape':12s}", f"{'impl':14s}", f"{'pass':4s}"]
+    cells += [f"{'time':>11s}", f"{'bandwidth':>11s}", f"{'%copy':>6s}", "schedule / error"]
+    return " ".join(cells)
+
+
+def verdict(r: dict) -> str:
+    """The pass column: FAIL for a wrong or failed run, ok for one checked against eager,
+    blank for a row that is a timing only (the copy ceiling, confirmed sweep timings)."""
+    if r.get("error"):
+        return "FAIL"
+    return "ok" if "error" in r else ""
+
+
 def line(r: dict) -> str:
-    """One row of the terminal table."""
+    """One row of the terminal table (columns as in header())."""
     ms, gbps, ceil = r.get("ms"), r.get("gbps"), r.get("copy_gbps")
-    cells = [f"{r['op']:22s}", f"{r['shape']:12s}", f"{r['impl']:14s}"]
+    cells = [f"{r['op']:22s}", f"{r['shape']:12s}", f"{r['impl']:14s}", f"{verdict(r):4s}"]
     cells.append(f"{ms:8.4f} ms" if ms else " " * 11)
     cells.append(f"{gbps:6.0f} GB/s" if gbps else " " * 11)
     cells.append(f"{gbps / ceil:5.1%}" if gbps and ceil else " " * 6)

@@ -9,7 +9,9 @@ functionalizes them, and fuser lowers each resulting ATen graph.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import CodeType
 from typing import Any
 
@@ -21,6 +23,7 @@ from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_gra
 from fuser.dynamo.saved import partition_fn
 
 aten = torch.ops.aten
+_TORCH_DIR = str(Path(torch.__file__).parent)
 
 # ATen ops decomposed before lowering: each becomes elementwise math and reductions fuser
 # lowers (layer_norm, gelu, softmax and nll_loss, forward and backward, are lowered
@@ -68,6 +71,13 @@ class Capture:
     input_shapes: list[list[int]]
     graphs: list[GraphRecord] = field(default_factory=list)
     dynamo_graph: str = ""
+    # weak references to the tensors Dynamo passed in (a module's parameters and buffers
+    # among them): which model a capture belongs to, however the backend was named
+    inputs: tuple[weakref.ref, ...] = ()
+
+    def takes_any(self, ids: set[int]) -> bool:
+        """Whether a live input of this capture is one of the tensors with these ids."""
+        return any((t := r()) is not None and id(t) in ids for r in self.inputs)
 
     @property
     def recompile(self) -> bool:
@@ -77,9 +87,12 @@ class Capture:
 
     @property
     def where(self) -> str:
+        """The first traced code outside torch (a compiled module's frame is torch's
+        wrapper, then the model's forward), else the first."""
         if not self.codes:
             return "?"
-        c = self.codes[0]
+        ours = [c for c in self.codes if not c.co_filename.startswith(_TORCH_DIR)]
+        c = (ours or self.codes)[0]
         return f"{c.co_name} ({c.co_filename.rsplit('/', 1)[-1]}:{c.co_firstlineno})"
 
 
@@ -121,7 +134,8 @@ class FuserBackend:
 
         cid, codes = _compile_context()
         shapes = [list(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
-        capture = Capture(cid, codes, shapes, dynamo_graph=gm.code)
+        refs = tuple(weakref.ref(x) for x in example_inputs if isinstance(x, torch.Tensor))
+        capture = Capture(cid, codes, shapes, dynamo_graph=gm.code, inputs=refs)
         self.captures.append(capture)
         CAPTURES.append(capture)
         if capture.recompile:

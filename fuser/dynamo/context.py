@@ -9,6 +9,7 @@ What a lowering cannot express raises `NotLowerable` with the reason `explain` s
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -94,10 +95,14 @@ class LowerCtx:
 
     def _check_device(self, node: fx.Node, device: torch.device) -> None:
         if device.type == "cpu" and not use_interpreter():
-            raise NotLowerable(
-                "CPU tensors run through Triton's interpreter, which this process did not "
-                "choose (set TRITON_INTERPRET=1, or import fuser before torch.compile)"
+            why = (
+                "CPU tensors run through Triton's interpreter, which fuser uses in a process "
+                "without a GPU or with TRITON_INTERPRET=1; this one has a GPU (move the model "
+                "and inputs to cuda)"
             )
+            # every region of the graph stays ATen: say so once, not only in explain
+            warnings.warn(f"fuser: {why}", stacklevel=2)
+            raise NotLowerable(why)
         if device.type not in ("cuda", "cpu", "meta"):
             raise NotLowerable(f"input {node.name} is on {device}; fuser runs on cuda")
         if self.device is not None and device != self.device:

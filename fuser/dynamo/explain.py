@@ -3,6 +3,7 @@ call with the reason it was not fused."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -10,6 +11,7 @@ import torch
 from fuser.dynamo.backend import CAPTURES, Capture, FuserBackend
 from fuser.dynamo.lower import GraphRecord
 from fuser.dynamo.region import RegionRecord
+from fuser.explanation import Explanation
 
 
 def _indent(text: str, by: str = "    ") -> str:
@@ -106,15 +108,21 @@ def captures_text(captures: list[Capture], source: bool = False, brief: bool = F
     return "\n".join(lines)
 
 
-def _codes(obj: Any) -> set:
-    """The code objects Dynamo compiles for a module (its forwards) or a function."""
-    obj = getattr(obj, "_orig_mod", obj)
-    obj = getattr(obj, "_torchdynamo_orig_callable", obj)
+def _belongs(obj: Any) -> Callable[[Capture], bool]:
+    """Which captures are of `obj`, a model or function (compiled or not). A model's are
+    the ones that took its parameters or buffers: Dynamo passes them in as inputs, and the
+    frame it compiles for a compiled module is torch's wrapper, not the model's forward.
+    A function's, and a stateless model's, are the ones whose code is theirs."""
+    obj = getattr(obj, "_orig_mod", obj)  # torch.compile(model)
+    obj = getattr(obj, "_torchdynamo_orig_callable", obj)  # torch.compile(fn)
     if isinstance(obj, torch.nn.Module):
-        fns = [type(m).forward for m in obj.modules()]
-    else:
-        fns = [getattr(obj, "__func__", obj)]
-    return {f.__code__ for f in fns if hasattr(f, "__code__")}
+        state = {id(t) for t in (*obj.parameters(), *obj.buffers())}
+        if state:
+            return lambda c: c.takes_any(state)
+        forward = type(obj).forward.__code__
+        return lambda c: forward in c.codes
+    code = getattr(getattr(obj, "__func__", obj), "__code__", None)
+    return lambda c: bool(c.codes) and c.codes[0] is code  # the frame Dynamo entered
 
 
 def captures_of(obj: Any) -> list[Capture]:
@@ -125,29 +133,23 @@ def captures_of(obj: Any) -> list[Capture]:
         return list(obj.captures)
     if isinstance(obj, Capture):
         return [obj]
-    codes = _codes(obj)
-    return [c for c in CAPTURES if c.codes and c.codes[0] in codes]
+    belongs = _belongs(obj)
+    return [c for c in CAPTURES if belongs(c)]
 
 
-def explain(
-    obj: Any = None, source: bool = False, print_it: bool = True, brief: bool = False
-) -> str:
+def explain(obj: Any = None, source: bool = False, brief: bool = False) -> Explanation:
     """Each fused region with its kernels (schedule, reasons; `source=True` adds the
     generated source, `brief=True` keeps one schedule line per kernel) and each ATen call
-    with why it was not fused.
+    with why it was not fused. Returned, not printed (a REPL shows it; a script prints it).
 
     `obj`: what `fuser.trace` returned, a model or function compiled with
-    backend="fuser" (after its first call), a FuserBackend, a FusionDefinition, or None
-    for everything compiled in this process.
+    backend="fuser" or a FuserBackend (after its first call), the model or function
+    itself, a FusionDefinition, or None for everything compiled in this process.
     """
     from fuser.frontend.fusion_definition import FusionDefinition
 
     if isinstance(obj, FusionDefinition):
-        return obj.explain(print_it)
+        return obj.explain()
     if isinstance(obj, GraphRecord):
-        text = graph_text(obj, source, brief)
-    else:
-        text = captures_text(captures_of(obj), source, brief)
-    if print_it:
-        print(text)
-    return text
+        return Explanation(graph_text(obj, source, brief))
+    return Explanation(captures_text(captures_of(obj), source, brief))

@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_leaves
 from fuser.dynamo.backend import Capture, FuserBackend
 from fuser.dynamo.lower import Fallback, GraphRecord
 from fuser.dynamo.region import RegionRecord
+from fuser.explanation import Explanation
 
 
 @dataclass
@@ -38,13 +39,13 @@ class Trace:
     def fallbacks(self) -> list[Fallback]:
         return [f for g in self.graphs for f in g.fallbacks]
 
-    def explain(self, source: bool = False, print_it: bool = True, brief: bool = False) -> str:
+    def explain(self, source: bool = False, brief: bool = False) -> Explanation:
         from fuser.dynamo.explain import explain
 
-        return explain(self, source=source, print_it=print_it, brief=brief)
+        return explain(self, source=source, brief=brief)
 
     def __str__(self) -> str:
-        return self.explain(print_it=False)
+        return self.explain()
 
 
 def trace(

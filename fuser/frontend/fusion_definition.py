@@ -8,10 +8,11 @@ from typing import Any
 import sympy
 import torch
 
-from fuser.errors import DefinitionError, InputError
+from fuser.errors import DefinitionError
+from fuser.explanation import Explanation
 from fuser.frontend.builder import GraphBuilder, Tensor
+from fuser.frontend.inputs import check_inputs, input_list, requires_grad, warn_grad
 from fuser.frontend.ops import Ops
-from fuser.ir.dtypes import dtype_of
 from fuser.ir.evaluate import evaluate
 from fuser.ir.graph import Graph
 from fuser.ir.printer import graph_repro
@@ -32,6 +33,7 @@ class FusionDefinition:
         self.ops = Ops(self._builder)
         self._graph: Graph | None = None
         self._executor: Any = None
+        self._warn_grad = True  # execute's warning for inputs that require grad, once
 
     # -- building -------------------------------------------------------------------
     def __enter__(self) -> FusionDefinition:
@@ -88,49 +90,16 @@ class FusionDefinition:
         return run_pipeline(self.graph, self.relaxed_precision)
 
     # -- inputs ---------------------------------------------------------------------
-    def bind(self, inputs: Sequence[torch.Tensor]) -> Graph:
-        """Check `inputs` against the definition and return the graph with concrete sizes."""
+    def bind(self, inputs: Sequence[torch.Tensor], entry: str = "bind") -> Graph:
+        """Check `inputs` against the definition and return the graph with concrete sizes.
+        A problem is an InputError naming the input; `entry` names the call in it."""
         graph = self.graph
-        if not isinstance(inputs, (list, tuple)):
-            raise InputError(
-                f"execute: inputs must be a list of tensors, got {type(inputs).__name__}"
-            )
-        if len(inputs) != len(graph.inputs):
-            raise InputError(
-                f"execute: {self.name} defines {len(graph.inputs)} inputs, got {len(inputs)}"
-            )
-        binding: dict[sympy.Symbol, int] = {}
-        devices = set()
-        for i, (v, t) in enumerate(zip(graph.inputs, inputs)):
-            if not isinstance(t, torch.Tensor):
-                raise InputError(
-                    f"execute: input {i} ({v.name}) is a {type(t).__name__}, not a tensor"
-                )
-            devices.add(t.device)
-            if dtype_of(t.dtype) != v.dtype if t.dtype in _TORCH_OK else True:
-                raise InputError(
-                    f"execute: input {i} ({v.name}) has dtype {t.dtype}, expected {v.dtype.torch}"
-                )
-            if t.dim() != v.rank:
-                raise InputError(
-                    f"execute: input {i} ({v.name}) has rank {t.dim()} (shape {list(t.shape)}), "
-                    f"expected rank {v.rank}"
-                )
-            for d, (want, got) in enumerate(zip(v.shape, t.shape)):
-                if isinstance(want, int) and want != got:
-                    raise InputError(
-                        f"execute: input {i} ({v.name}) has size {got} at dim {d}, expected {want}"
-                    )
-                if not isinstance(want, int):
-                    binding[want] = int(got)
-        if len(devices) > 1:
-            raise InputError(f"execute: inputs are on several devices: {sorted(map(str, devices))}")
-        return concretize(graph, binding)
+        return concretize(graph, check_inputs(graph, inputs, self.name, entry))
 
     # -- running --------------------------------------------------------------------
     def reference(self, inputs: Sequence[torch.Tensor], upcast: bool = False) -> list[torch.Tensor]:
         """The fusion evaluated op by op with ATen (float64 throughout with upcast=True)."""
-        return evaluate(self.bind(inputs), list(inputs), upcast=upcast)
+        return evaluate(self.bind(inputs, "reference"), list(inputs), upcast=upcast)
 
     def _runtime(self) -> Any:
         if self._executor is None:
@@ -142,27 +111,37 @@ class FusionDefinition:
     def execute(
         self, inputs: Sequence[torch.Tensor], backend: str | None = None
     ) -> list[torch.Tensor]:
-        """Run the fusion's generated kernels on `inputs`; returns the outputs in order."""
-        return self._runtime().execute(list(inputs), backend)
+        """Run the fusion's generated kernels on `inputs`; returns the outputs in order.
+
+        No autograd: the outputs never require grad. Inputs that require grad (with grad
+        mode on) get a warning, once per FusionDefinition, pointing to
+        torch.compile(model, backend="fuser"), which fuses the backward too."""
+        if type(inputs) is not list:
+            inputs = input_list(inputs, self.graph, self.name, "execute")
+        outs = self._runtime().execute(inputs, backend)
+        # validated by now: every input is a tensor
+        if self._warn_grad and requires_grad(inputs):
+            self._warn_grad = False
+            warn_grad(inputs, self.graph, self.name)
+        return outs
 
     def compile(
         self, inputs: Sequence[Any], device: str | None = None, backend: str | None = None
     ) -> list[Any]:
         """Choose schedules and render source for `inputs` (tensors or meta tensors) without
         running anything; `device` names a GPU preset ("h100", "h200", "a100")."""
-        return self._runtime().compile(list(inputs), backend, device)
+        inputs = input_list(inputs, self.graph, self.name, "compile")
+        return self._runtime().compile(inputs, backend, device)
 
     @property
     def kernels(self) -> list[Any]:
         """The kernels compiled by the most recent execute() or compile()."""
         return self._runtime().last_kernels()
 
-    def explain(self, print_it: bool = True) -> str:
-        """Per kernel: the scheduler, the ops it took, the schedule and why, the estimate."""
-        text = self._runtime().explain()
-        if print_it:
-            print(text)
-        return text
+    def explain(self) -> Explanation:
+        """Per kernel: the scheduler, the ops it took, the schedule and why, the estimate.
+        Returned, not printed (a REPL shows it; a script prints it)."""
+        return Explanation(self._runtime().explain())
 
     # -- printing -------------------------------------------------------------------
     def __str__(self) -> str:
@@ -170,14 +149,3 @@ class FusionDefinition:
 
     def __repr__(self) -> str:
         return graph_repro(self.graph)
-
-
-_TORCH_OK = {
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.float64,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-}

@@ -103,7 +103,7 @@ def check_case(case: FuzzCase, device: str = "cpu", runs: int = 1) -> Outcome:
         tb = traceback.format_exc(limit=-4)
         return Outcome("error", [f"{type(e).__name__}: {str(e)[:2000]}\n{tb}"])
     kinds = [k.schedule.kind for k in fd.kernels]
-    fallbacks = fd.explain(print_it=False).count("ATen fallback")
+    fallbacks = fd.explain().count("ATen fallback")
     return Outcome("mismatch" if problems else "ok", problems, kinds, fallbacks)
 
 

@@ -197,16 +197,33 @@ def device_arch(device: Any) -> str:
     return f"sm_{major}{minor}"
 
 
+def _no_gpu() -> str:
+    import torch
+
+    return (
+        "backend='cuda' cannot run here: torch sees no CUDA GPU "
+        f"(torch {torch.__version__}, torch.cuda.is_available() is False). The kernels "
+        "still render and compile: use fd.compile(inputs, backend='cuda', device='h100') "
+        "and kernel.resources(), or run with backend='triton' (Triton's interpreter)."
+    )
+
+
+def device_problem(device_type: str) -> str | None:
+    """Why this process cannot run CUDA kernels on tensors of `device_type`, or None."""
+    import torch
+
+    if device_type == "cuda" or (device_type == "cpu" and EMULATE_ON_CPU):
+        return None
+    if not torch.cuda.is_available():
+        return _no_gpu()
+    return f"backend='cuda' runs on CUDA tensors, not {device_type} ones. Move them with .cuda()."
+
+
 def _require_gpu(tensors: list[Any]) -> Any:
     import torch
 
     if not torch.cuda.is_available():
-        raise FuserError(
-            "backend='cuda' cannot run here: torch sees no CUDA GPU "
-            f"(torch {torch.__version__}, torch.cuda.is_available() is False). The kernels "
-            "still render and compile: use fd.compile(inputs, backend='cuda', device='h100') "
-            "and kernel.resources(), or run with backend='triton' (Triton's interpreter)."
-        )
+        raise FuserError(_no_gpu())
     devices = {t.device for t in tensors}
     if any(d.type != "cuda" for d in devices):
         raise FuserError(

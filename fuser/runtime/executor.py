@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from fuser.config import config, debug_print
-from fuser.errors import FuserError
+from fuser.errors import FuserError, InputError
 from fuser.ir.evaluate import constant_ids, eval_node, evaluate
 from fuser.ir.graph import Graph, Value
 from fuser.passes import Pipeline, run_pipeline
-from fuser.runtime.kernel import Kernel
+from fuser.runtime.kernel import Kernel, device_problem
 from fuser.schedulers.device import Device, get_device
 from fuser.schedulers.heuristics import choose_schedule
 from fuser.schedulers.spec import Arg, KernelSpec
@@ -111,7 +111,7 @@ class CompiledFusion:
                 inputs[src] if src >= 0 else torch.empty(shape, dtype=dtype, device=dev)
                 for src, shape, dtype in plan
             ]
-            kernel.launch(args)
+            kernel.launch_unchecked(args)
             return [args[i] for i in outs]
         env: dict[int, torch.Tensor] = dict(zip(self._input_ids, inputs))
         copied = self.copied
@@ -132,7 +132,7 @@ class CompiledFusion:
                     if copied and (seg.index, vid) in copied:  # planned as a copy
                         t = t.contiguous()
                 args.append(t)
-            kernel.launch(args)
+            kernel.launch_unchecked(args)
         return [env[i] for i in self._output_ids]
 
     def explain(self) -> str:
@@ -301,11 +301,23 @@ def render_kernel(spec: KernelSpec, schedule: Any, backend: str) -> Kernel:
     raise FuserError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
+def _check_runnable(graph: Graph, first: torch.Tensor, backend: str) -> None:
+    """An InputError unless this process can run `backend`'s kernels on the inputs'
+    device (bind has checked they share one)."""
+    problem = device_problem(backend, first.device.type)
+    if problem:
+        raise InputError(
+            f"execute: input 0 ({graph.inputs[0].name}) is on {first.device}, and {problem}"
+        )
+
+
 def signature(inputs: list[torch.Tensor]) -> tuple:
-    """What a plan is specialized to: shapes, strides, dtypes, device (get_device: -1 on
-    the CPU; cheaper than t.device) and each pointer's alignment."""
+    """What a plan is specialized to: shapes, strides, dtypes, device and each pointer's
+    alignment. The device, not get_device(), which is -1 on meta tensors too: a meta
+    tensor must not find a CPU plan. Raises (AttributeError, RuntimeError...) on a
+    non-tensor or a sparse tensor: the caller lets bind name the input then."""
     return tuple(
-        [(t.shape, t.stride(), t.dtype, t.get_device(), _ALIGN[t.data_ptr() & 15]) for t in inputs]
+        [(t.shape, t.stride(), t.dtype, t.device, _ALIGN[t.data_ptr() & 15]) for t in inputs]
     )
 
 
@@ -319,16 +331,25 @@ class FusionExecutor:
         self._lock = threading.Lock()
 
     def _get(self, inputs: list[Any], backend: str | None, device: Device | None) -> CompiledFusion:
+        """The plan for `inputs`; `device` is None for execute (plan for the inputs' own
+        device and check that this process can run the backend there)."""
         backend = backend or config.backend
         if backend not in BACKENDS:
             raise FuserError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
-        key = (signature(inputs), backend, device.name if device else None)
+        entry = "execute" if device is None else "compile"
+        try:
+            key = (signature(inputs), backend, device.name if device else None)
+        except Exception:
+            self.fd.bind(inputs, entry)  # not a tensor, sparse...: bind names the input
+            raise
         cf = self.cache.get(key)
         if cf is None:
             with self._lock:
                 cf = self.cache.get(key)
                 if cf is None:
-                    graph = self.fd.bind(inputs)
+                    graph = self.fd.bind(inputs, entry)
+                    if device is None and inputs:
+                        _check_runnable(graph, inputs[0], backend)
                     cf = plan(
                         graph,
                         inputs,

@@ -9,10 +9,14 @@ from typing import Any
 import torch
 
 from fuser.codegen.triton.kernels import workspaces
+from fuser.errors import InputError
+from fuser.explanation import Explanation
+from fuser.frontend.inputs import describe
 from fuser.ir.dtypes import DType, accumulator
+from fuser.runtime import cuda_backend, triton_backend
 from fuser.runtime.triton_backend import TRITON_OPTIONS
 from fuser.schedulers.schedule import Schedule
-from fuser.schedulers.spec import KernelSpec
+from fuser.schedulers.spec import Arg, KernelSpec
 
 
 def accumulator_dtype(dtype: DType) -> torch.dtype:
@@ -53,8 +57,58 @@ def _direct_launches(first: Any, grid3: tuple, fin: Any) -> list[tuple] | None:
         return None
 
 
+def device_problem(backend: str, device_type: str) -> str | None:
+    """Why this process cannot run `backend`'s kernels on tensors of `device_type`, or None."""
+    if backend == "cuda":
+        return cuda_backend.device_problem(device_type)
+    return triton_backend.device_problem(device_type)
+
+
+def _arg_problem(a: Arg, shape: list[int], t: Any, first: torch.Tensor) -> str | None:
+    """What is wrong with `t` as kernel argument `a` (None: nothing); `first` is argument
+    0, already checked."""
+    want = f"a {a.dtype.torch} tensor of shape {shape}"
+    if not isinstance(t, torch.Tensor):
+        return f"is {describe(t)}, not a tensor; expected {want}"
+    if t.layout != torch.strided or t.dtype != a.dtype.torch or list(t.shape) != shape:
+        return f"is {describe(t)}; expected {want}"
+    if t.is_meta:
+        return "is on the meta device, which holds no data"
+    if t.device != first.device:
+        return f"is on {t.device} but argument 0 is on {first.device}; expected one device"
+    ptr = t.data_ptr()
+    if ptr and ptr & -ptr < a.align:
+        return (
+            f"is aligned to {ptr & -ptr} bytes; the kernel was compiled for {a.align} "
+            "(its vector accesses need them)"
+        )
+    if a.is_output and not t.is_contiguous():
+        return "is not contiguous; the kernel writes its outputs contiguous"
+    return None
+
+
 @dataclass
 class Kernel:
+    """One generated kernel: what `fd.kernels` lists and `fd.compile` returns. Its repr is
+    one line; the source is `.source`, the schedule's reasons `.explain()`.
+
+    Attributes:
+        spec: the KernelSpec it was generated for: the segment (its ops and [rows, cols]
+            layout) and, per argument, the value, kind, 2D strides and pointer alignment
+            the kernel is specialized to.
+        schedule: the Schedule chosen for it; `schedule.kind` names the scheduler
+            (pointwise, inner_persistent, inner_looped, outer_reduction).
+        source: the generated Triton or CUDA C++ source, with a header saying why.
+        backend: "triton" or "cuda".
+        name: the kernel's function name in the source.
+        shapes: per argument, in `spec.args` order (inputs, then outputs), its shape.
+        arg_plan: per argument, (is_output, value id, shape, torch dtype): what launch
+            takes, outputs included (allocate them contiguous).
+        workspaces: the scratch buffers a split outer reduction needs (launch allocates
+            them); empty otherwise.
+        workspace_dtypes: their dtypes.
+    """
+
     spec: KernelSpec
     schedule: Schedule
     source: str
@@ -68,7 +122,14 @@ class Kernel:
 
     @property
     def name(self) -> str:
+        """The kernel's function name in the source (the fusion's name, _k, the segment)."""
         return self.spec.name
+
+    def __repr__(self) -> str:
+        return (
+            f"<Kernel {self.name} [{self.backend}] {self.schedule.short()}, "
+            f"domain {self.spec.rows} x {self.spec.cols}>"
+        )
 
     def __post_init__(self) -> None:
         # derived once here, not per launch: the hot path only reads them
@@ -87,7 +148,35 @@ class Kernel:
         )
 
     def launch(self, tensors: list[torch.Tensor]) -> None:
-        """Run on `tensors` (the spec's args, in order) on torch's current stream."""
+        """Run on `tensors`, the spec's args in order (inputs, then the outputs it writes),
+        on torch's current stream. Their types, dtypes, shapes, device and alignment are
+        checked first (an InputError names the argument); input strides are not: pass
+        inputs laid out as the ones the kernel was compiled from."""
+        self._check_args(tensors)
+        self.launch_unchecked(tensors)
+
+    def _check_args(self, tensors: Any) -> None:
+        args = self.spec.args
+        if not isinstance(tensors, (list, tuple)) or len(tensors) != len(args):
+            names = ", ".join(f"{a.name} ({'out' if a.is_output else 'in'})" for a in args)
+            got = len(tensors) if isinstance(tensors, (list, tuple)) else describe(tensors)
+            raise InputError(
+                f"kernel {self.name}: launch takes a list of {len(args)} tensors ({names}), "
+                f"got {got}"
+            )
+        for i, (a, shape, t) in enumerate(zip(args, self.shapes, tensors)):
+            problem = _arg_problem(a, shape, t, tensors[0])
+            if problem:
+                role = "output" if a.is_output else "input"
+                raise InputError(f"kernel {self.name}: argument {i} ({a.name}, {role}) {problem}")
+        problem = device_problem(self.backend, tensors[0].device.type) if tensors else None
+        if problem:
+            raise InputError(
+                f"kernel {self.name}: the arguments are on {tensors[0].device}, and {problem}"
+            )
+
+    def launch_unchecked(self, tensors: list[torch.Tensor]) -> None:
+        """launch without the checks: for the executor, whose plan built `tensors`."""
         if self.backend == "cuda":
             from fuser.runtime.cuda_backend import launch_cuda
 
@@ -142,7 +231,9 @@ class Kernel:
             self._resources[arch] = kernel_resources(self, arch)
         return self._resources[arch]
 
-    def explain(self) -> str:
+    def explain(self) -> Explanation:
+        """Its ops, domain, bytes moved, schedule with reasons and estimate, and the
+        compiler's figures for each architecture resources() was asked for."""
         lines = [
             f"kernel {self.name} [{self.backend}] {self.spec.segment.ops_summary()}",
             f"  domain {self.spec.rows} x {self.spec.cols}, "
@@ -155,4 +246,4 @@ class Kernel:
                 f"(estimate {r.get('estimate', self.schedule.estimate.registers)}), "
                 f"stack {r['stack']} B, spills {r['spill_bytes']} B, shared {r['shared']} B"
             )
-        return "\n".join(lines)
+        return Explanation("\n".join(lines))

@@ -1,18 +1,23 @@
 """Load generated Triton source as a module and launch its kernels.
 
 The source is written to the cache folder (Triton's JIT needs a real file to read the
-function from) under a name that hashes the source, then imported. On CPU tensors the
-module is imported with TRITON_INTERPRET=1, so the same kernels run in Triton's
-interpreter.
+function from) under a name that hashes the source, then imported. For CPU tensors its
+jit functions are made Triton's interpreted ones (see _interpreted), so the same kernels
+run in Triton's interpreter.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 from fuser.config import use_interpreter
 from fuser.errors import FuserError
@@ -52,10 +57,48 @@ class _TakingTurnsKernel:
         launch = self._fn[grid]
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            with _interpreter_lock:
+            with _interpreter_lock, _library_interpreted():
                 return launch(*args, **kwargs)
 
         return run
+
+
+# The interpreter is chosen per module, not by TRITON_INTERPRET: Triton reads that as each
+# @triton.jit function is made, and torch.compile imports Triton (making triton.language's
+# own jit functions, tl.sum, tl.max, tl.sigmoid...) before the "fuser" entry point can
+# import fuser. Without these two steps that order left every region ATen on CPU.
+def _interpreted(module: ModuleType) -> None:
+    """The @triton.jit functions of `module` as Triton's interpreter runs them (already so
+    when TRITON_INTERPRET=1 was set before they were made)."""
+    for name, fn in list(vars(module).items()):
+        if isinstance(fn, JITFunction):
+            setattr(module, name, InterpretedFunction(fn.fn))
+
+
+# id -> the jit function (kept, so its id stays its own) and its interpreted twin; by id
+# because a JITFunction hashes its cache key, which walks its source
+_library: dict[int, tuple[JITFunction, InterpretedFunction]] = {}
+
+
+def _call_interpreted(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
+    known = _library.get(id(self))
+    if known is None:
+        known = _library[id(self)] = (self, InterpretedFunction(self.fn))
+    return known[1](*args, **kwargs)
+
+
+@contextmanager
+def _library_interpreted() -> Iterator[None]:
+    """While an interpreted kernel runs (under _interpreter_lock), a call to one of Triton's
+    compiled-mode jit functions runs it in the interpreter too, as it would have run had
+    Triton been imported with TRITON_INTERPRET=1 (outside a kernel such a call raises,
+    so nothing else changes meaning)."""
+    saved = JITFunction.__call__
+    JITFunction.__call__ = _call_interpreted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = saved  # type: ignore[method-assign]
 
 
 def _holds(path: Path, data: bytes) -> bool:
@@ -65,6 +108,26 @@ def _holds(path: Path, data: bytes) -> bool:
         return path.read_bytes() == data
     except OSError:
         return False
+
+
+def device_problem(device_type: str) -> str | None:
+    """Why this process cannot run Triton kernels on tensors of `device_type`, or None.
+    Triton runs either its CPU interpreter or its GPU compiler, chosen once, when it is
+    first imported (TRITON_INTERPRET=1: the interpreter)."""
+    on_gpu = device_type == "cuda"
+    if on_gpu != use_interpreter():
+        return None
+    if on_gpu:
+        return (
+            "this process runs Triton's CPU interpreter (TRITON_INTERPRET=1 when Triton was "
+            "first imported), which takes CPU tensors. Move the inputs with .cpu(), or start "
+            "the process without TRITON_INTERPRET."
+        )
+    return (
+        f"{device_type.upper()} tensors run through Triton's interpreter, which is chosen when "
+        "Triton is first imported (TRITON_INTERPRET=1); this process runs Triton on the GPU. "
+        "Move the inputs to the GPU, or start the process with TRITON_INTERPRET=1."
+    )
 
 
 def load_module(source: str, interpret: bool) -> Any:
@@ -81,14 +144,12 @@ def load_module(source: str, interpret: bool) -> Any:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         if interpret != use_interpreter():
-            raise FuserError(
-                "CPU tensors run through Triton's interpreter, which is chosen when Triton is "
-                "first imported (TRITON_INTERPRET=1); this process runs Triton on the GPU. "
-                "Move the inputs to the GPU, or start the process with TRITON_INTERPRET=1."
-            )
+            raise FuserError(device_problem("cpu" if interpret else "cuda"))
         # compiled from the source in hand, not through the import system: its
         # __pycache__ .pyc is trusted once its header matches, and a corrupt body then
         # fails every later load ("bad marshal data"); Triton reads the file for the source
         exec(compile(source, str(path), "exec"), module.__dict__)
+        if interpret:
+            _interpreted(module)
         _modules[key] = _TakingTurns(module) if interpret else module
         return _modules[key]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fuser.errors import ScheduleError
+from fuser.explanation import Explanation
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,9 @@ class Schedule:
             )
         return self
 
-    def explain(self) -> str:
+    def explain(self) -> Explanation:
         lines = [f"schedule: {self.short()}  grid {self.grid}"]
         if self.estimate:
             lines.append(f"estimate: {self.estimate.line()}")
         lines += [f"  - {r}" for r in self.reasons]
-        return "\n".join(lines)
+        return Explanation("\n".join(lines))

@@ -1,4 +1,5 @@
-"""Fusions used by the demo, the tests and the benchmarks."""
+"""Fusions used by the demo, the tests and the benchmarks; `fuser.examples.gpt2`: the
+small GPT-2 the README, the training script and the benchmarks compile."""
 
 from __future__ import annotations
 

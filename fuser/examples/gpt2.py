@@ -1,8 +1,12 @@
 """A small GPT-2: token and position embeddings, pre-norm blocks with causal SDPA attention,
 a GELU (tanh) MLP, a final layernorm and an lm head tied to the token embedding.
 
-    model = GPT(CONFIGS["tiny"])
+    from fuser.examples.gpt2 import GPT, get_config
+    model = GPT(get_config("tiny"))
     logits, loss = model(idx, targets)      # idx, targets: [B, T] int64
+
+Part of the package so that the README's examples import it from anywhere;
+examples/train_gpt2.py trains it.
 
 The configurations are sizes only; weights are randomly initialised (GPT-2's scheme:
 normal(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)).
