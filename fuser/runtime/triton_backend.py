@@ -112,21 +112,21 @@ def _holds(path: Path, data: bytes) -> bool:
 
 def device_problem(device_type: str) -> str | None:
     """Why this process cannot run Triton kernels on tensors of `device_type`, or None.
-    Triton runs either its CPU interpreter or its GPU compiler, chosen once, when it is
-    first imported (TRITON_INTERPRET=1: the interpreter)."""
+    Each process runs fuser's Triton kernels one way: in the CPU interpreter
+    (TRITON_INTERPRET=1, or no CUDA GPU) or through the GPU compiler (config.use_interpreter)."""
     on_gpu = device_type == "cuda"
     if on_gpu != use_interpreter():
         return None
     if on_gpu:
         return (
-            "this process runs Triton's CPU interpreter (TRITON_INTERPRET=1 when Triton was "
-            "first imported), which takes CPU tensors. Move the inputs with .cpu(), or start "
-            "the process without TRITON_INTERPRET."
+            "this process runs Triton's CPU interpreter (TRITON_INTERPRET=1 is set), which "
+            "takes CPU tensors. Move the inputs with .cpu(), or start the process without "
+            "TRITON_INTERPRET."
         )
     return (
-        f"{device_type.upper()} tensors run through Triton's interpreter, which is chosen when "
-        "Triton is first imported (TRITON_INTERPRET=1); this process runs Triton on the GPU. "
-        "Move the inputs to the GPU, or start the process with TRITON_INTERPRET=1."
+        f"{device_type.upper()} tensors run through Triton's interpreter, and this process has "
+        "a GPU, so it runs Triton on the GPU. Move the inputs to the GPU, or start the process "
+        "with TRITON_INTERPRET=1."
     )
 
 
