@@ -164,13 +164,13 @@ def test_cpu_tensors_in_a_process_running_triton_on_the_gpu(monkeypatch) -> None
     expect(
         lambda: _fd().execute([x, w], backend="triton"),
         "execute: input 0 (t0) is on cpu",
-        "this process runs Triton on the GPU",
+        "runs Triton on the GPU",
         "TRITON_INTERPRET=1",
     )
     expect(
         lambda: kernel.launch(args),
         f"kernel {kernel.name}: the arguments are on cpu",
-        "this process runs Triton on the GPU",
+        "runs Triton on the GPU",
     )
 
 
