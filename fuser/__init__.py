@@ -11,4 +11,6 @@ from fuser.dynamo import register as _register_backend  # noqa: E402
 
 _register_backend()  # torch.compile(model, backend="fuser")
 
-__all__ = ["FuserBackend", "FuserError", "FusionDefinition", "Trace", "explain", "trace"]
+from fuser.profile import profile  # noqa: E402  (fuser.profile(step): where a step's time goes)
+
+__all__ = ["FuserBackend", "FuserError", "FusionDefinition", "Trace", "explain", "profile", "trace"]

@@ -7,6 +7,10 @@ FUSER_CACHE_DIR  where compiled kernels are cached on disk (default ~/.cache/fus
 FUSER_DISABLE_DISK_CACHE  1 keeps the cache in memory only
 FUSER_PAD_MATMULS  0 leaves torch.compile(backend="fuser") graphs' unaligned matmuls as they
               are (default 1: pad them, fuser/dynamo/pad_mm.py)
+FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
+              (overflow, invalid value, divide by zero) from generated kernels: the test
+              suite's check that a kernel computes no inf or NaN that eager does not (default
+              0: silent, as eager torch and a GPU are, whatever the data)
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class Config:
     cache_dir: Path
     disk_cache: bool
     pad_matmuls: bool
+    fp_warnings: bool
 
 
 def _read() -> Config:
@@ -33,6 +38,7 @@ def _read() -> Config:
         cache_dir=Path(os.environ.get("FUSER_CACHE_DIR", Path.home() / ".cache" / "fuser")),
         disk_cache=os.environ.get("FUSER_DISABLE_DISK_CACHE", "0") in ("", "0"),
         pad_matmuls=os.environ.get("FUSER_PAD_MATMULS", "1") not in ("", "0"),
+        fp_warnings=os.environ.get("FUSER_FP_WARNINGS", "0") not in ("", "0"),
     )
 
 

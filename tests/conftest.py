@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import warnings
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,15 +11,15 @@ from fuser.config import config
 from fuser.runtime import cuda_backend
 
 
-@pytest.fixture
-def quiet_interpreter() -> Iterator[None]:
-    """numpy's warnings on masked-off lanes in Triton's interpreter (-inf - -inf, 0/0) and
-    var_mean's degrees-of-freedom warning silenced. Modules opt in with
-    `pytestmark = pytest.mark.usefixtures("quiet_interpreter")`."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        warnings.filterwarnings("ignore", message=r"var_mean\(\): degrees of freedom")
-        yield
+@pytest.fixture(autouse=True)
+def fp_warnings(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interpreted kernels report numpy's floating-point warnings (config.fp_warnings), and
+    pyproject's filterwarnings makes them errors: from data that eager computes no inf or
+    NaN from, a kernel computes none either, masked-off lanes included. Tests whose data
+    holds inf or NaN, or overflows, on purpose are marked `nonfinite`: there eager computes
+    inf - inf too, silently, and fuser is as silent by default."""
+    strict = request.node.get_closest_marker("nonfinite") is None
+    monkeypatch.setattr(config, "fp_warnings", strict)
 
 
 @pytest.fixture(params=["triton", "cuda"])

@@ -16,7 +16,6 @@ from fuser.runtime import cuda_backend, triton_backend
 from fuser.runtime.kernel import Kernel
 
 pytestmark = [
-    pytest.mark.usefixtures("quiet_interpreter"),
     pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor"),  # deprecated in torch
     pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta"),
 ]

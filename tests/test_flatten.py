@@ -11,9 +11,6 @@ from fuser import FusionDefinition
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-pytestmark = pytest.mark.usefixtures("quiet_interpreter")
-
-
 def _scaled_sum(dtype: torch.dtype) -> FusionDefinition:
     with FusionDefinition("scaled_sum") as fd:
         o = fd.ops

@@ -27,9 +27,6 @@ F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-pytestmark = pytest.mark.usefixtures("quiet_interpreter")
-
-
 # -- fusions ----------------------------------------------------------------------------------
 def _define(build: Callable[[FusionDefinition], None], name: str) -> FusionDefinition:
     with FusionDefinition(name) as fd:

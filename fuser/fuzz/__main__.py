@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -301,8 +300,6 @@ def _ranges(seeds: list[int]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    # Triton's interpreter runs numpy on masked-off lanes too: log(0), 1/0 warnings
-    warnings.filterwarnings("ignore", category=RuntimeWarning)
     device = _device(args.device)
     # settings this run changes, restored for a caller that goes on in this process
     emulate, cache_dir = cuda_backend.EMULATE_ON_CPU, config.cache_dir

@@ -16,10 +16,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from fuser.config import use_interpreter
+from fuser.config import config, use_interpreter
 from fuser.errors import FuserError
 from fuser.runtime.cache import atomic_write, cache_root, digest
 
@@ -57,10 +58,21 @@ class _TakingTurnsKernel:
         launch = self._fn[grid]
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            with _interpreter_lock, _library_interpreted():
+            with _interpreter_lock, _library_interpreted(), np.errstate(**_fp_errors()):
                 return launch(*args, **kwargs)
 
         return run
+
+
+def _fp_errors() -> dict[str, str]:
+    """numpy's floating-point error handling while an interpreted kernel runs. Silent by
+    default: eager torch and a GPU compute inf - inf, 0 / 0 or an overflow in the user's data
+    without a word, and so does fuser. The test suite sets config.fp_warnings: with data
+    that eager computes no inf or NaN from, neither may a kernel, masked-off lanes included
+    (numpy's default, underflow silent)."""
+    if config.fp_warnings:
+        return {"over": "warn", "invalid": "warn", "divide": "warn", "under": "ignore"}
+    return {"all": "ignore"}
 
 
 # The interpreter is chosen per module, not by TRITON_INTERPRET: Triton reads that as each

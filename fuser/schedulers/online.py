@@ -9,8 +9,10 @@ M = max(m_l), S = sum(s_l * exp(c * (m_l - M))). Every exponent is <= 0, so noth
 overflows that the two-pass form does not.
 
 Eager's S is NaN exactly when M is not finite (all -inf: -inf - -inf; a +inf: inf - inf;
-a NaN anywhere), so the renderers set S to NaN there and the running sums may skip -inf
-elements (they add exp(-inf) = 0 otherwise).
+a NaN anywhere), so the renderers set S to NaN there. A lane updates with one exp of
+c * -|x - m|, with 0 in place of an m that is not finite (-inf before the lane meets a
+value): a -inf element adds exp(-inf) = 0, and no -inf - -inf is computed for it (a +inf
+or NaN m makes S NaN whatever the lane adds).
 
 This module finds such pairs in a KernelSpec and plans which reduction rounds share a
 pass over the row; fuser/codegen/{triton,cuda}/kernels.py render them.

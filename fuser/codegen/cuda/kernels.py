@@ -370,17 +370,24 @@ def _online_update(kw: CudaKernelWriter, maxes: list[Node], pairs: list[OnlinePa
         mx, xm, grow = f"acc_{m.out.name}", f"x_{m.out.name}", f"grow_{m.out.name}"
         w.line(f"const {at} {xm} = {kw.operand(x, at)};")
         w.line(f"const bool {grow} = {xm} > {mx};")
+        w.comment(
+            "a thread's max is -inf until the thread meets a value: 0 stands in for a max "
+            "that is not\nfinite, so a -inf x adds exp(-inf) = 0 without computing -inf - "
+            "-inf (a +inf or NaN\nmax makes the row's sum NaN below, whatever it adds)",
+            "//",
+        )
+        fin = f"fin_{m.out.name}"
+        w.line(f"const {at} {fin} = {render_op(Op.ABS, [mx], at)} < POS_INF ? {mx} : ({at})0;")
         for p in pairs:
             if p.max is not m:
                 continue
             sm, e = f"acc_{p.sum.out.name}", f"e_{p.sum.out.name}"
             st = acc_type(p.sum.inputs[0].dtype)
-            # one exp per element: exp(c * (x - m)) if the max stays, else the rescale
-            # exp(c * (m - x)) of the sum so far (and the new element adds 1)
-            d = f"({grow} ? {mx} - {xm} : {xm} - {mx})"
+            # one exp per element, of -|x - m|: exp(c * (x - m)) if the max stays, else
+            # the rescale exp(c * (m - x)) of the sum so far (and x adds 1)
+            d = f"-{render_op(Op.ABS, [f'{xm} - {fin}'], st)}"
             w.line(f"const {st} {e} = {_cuda_exp(p, d, st)};")
-            w.comment("-inf adds exp(-inf) = 0; skipped, as -inf - -inf would be NaN", "//")
-            w.line(f"{sm} = {grow} ? {sm} * {e} + 1 : ({xm} > NEG_INF ? {sm} + {e} : {sm});")
+            w.line(f"{sm} = {grow} ? {sm} * {e} + 1 : {sm} + {e};")
         w.line(f"{mx} = {combine(Op.MAX, mx, xm)};")
 
 

@@ -314,20 +314,23 @@ def _online_pass(
             # masked lanes read -inf: they neither grow the max nor add to the sum
             w.line(f"x_{m.out.name} = {kw.reduce_operand(m, chunk, mask)}")
             w.line(f"grow_{m.out.name} = x_{m.out.name} > {mx}")
+            w.comment(
+                "a lane's max is -inf until the lane meets a value: 0 stands in for a max "
+                "that is not\nfinite, so a -inf x (masked off, or in the data) adds "
+                "exp(-inf) = 0 without computing\n-inf - -inf (a +inf or NaN max makes "
+                "the row's sum NaN below, whatever the lane adds)"
+            )
+            w.line(f"fin_{m.out.name} = tl.where(tl.abs({mx}) < POS_INF, {mx}, 0.0)")
             for p in pairs:
                 if p.max is not m:
                     continue
                 sm, x, grow = f"s_{p.sum.out.name}", f"x_{m.out.name}", f"grow_{m.out.name}"
-                # one exp per element: exp(c * (x - m)) if the max stays, else the
-                # rescale exp(c * (m - x)) of the sum so far (and the new element adds 1)
-                d = f"tl.where({grow}, {mx} - {x}, {x} - {mx})"
+                # one exp per element, of -|x - m|: exp(c * (x - m)) if the max stays,
+                # else the rescale exp(c * (m - x)) of the sum so far (and x adds 1)
+                d = f"-tl.abs({x} - fin_{m.out.name})"
                 w.line(f"e_{p.sum.out.name} = {_exp(p, d)}")
                 e = f"e_{p.sum.out.name}"
-                w.comment("-inf adds exp(-inf) = 0; skipped, as -inf - -inf would be NaN")
-                w.line(
-                    f"{sm} = tl.where({grow}, {sm} * {e} + 1.0, "
-                    f"tl.where({x} > NEG_INF, {sm} + {e}, {sm}))"
-                )
+                w.line(f"{sm} = tl.where({grow}, {sm} * {e} + 1.0, {sm} + {e})")
             w.line(f"{mx} = {kw.combine(Op.MAX, mx, f'x_{m.out.name}')}")
 
     if full_end:

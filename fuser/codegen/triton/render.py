@@ -156,7 +156,12 @@ class TritonKernelWriter:
     def load(self, a: Arg, chunk: Chunk | None, rows: str = "rows", suffix: str = "") -> None:
         # a clamped row index (a prefetch) needs no row mask
         m = self.mask(a.kind, chunk, rows_masked=rows == "rows")
-        mask = f", mask={m}, other=0" if m else ""
+        # masked-off lanes are computed but never stored or reduced: 1 keeps x / y, log,
+        # rsqrt and pow finite there, where 0 made 0 / 0, -inf and inf (numpy warnings in
+        # the interpreter); a GPU loads either constant alike. 1.0 for floats: the
+        # interpreter would take an int 1 as bfloat16's bits (1e-40)
+        other = "1.0" if a.dtype.is_float else "1"
+        mask = f", mask={m}, other={other}" if m else ""
         target = self.name(a.value, chunk) + suffix
         self.w.line(f"{target} = tl.load({a.name}_ptr + {self.offsets(a, chunk, rows)}{mask})")
 

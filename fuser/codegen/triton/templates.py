@@ -133,7 +133,12 @@ def pow_(a, b):
     # float32 the GPU's approximate log2 is off by ~2**-22 absolute, which b multiplies
     # (a result near 2**127 came out 1e-5 off and finite where torch's powf overflows)
     a, b = tl.broadcast(a, b)
-    wide = tl.exp2(b.to(tl.float64) * tl.log2(tl.abs(a).to(tl.float64)))
+    # a zero a apart: 0**b is 0, inf or NaN as b > 0, < 0 or NaN (0**0 = 1 below); the
+    # exp2 computes 1**0 there, not b * log2(0) = b * -inf (NaN for b = 0)
+    zero = a == 0
+    lg = tl.log2(tl.where(zero, 1.0, tl.abs(a)).to(tl.float64))
+    wide = tl.exp2(tl.where(zero, 0.0, b).to(tl.float64) * lg)
+    wide = tl.where(zero, tl.where(b > 0, 0.0, tl.where(b < 0, POS_INF, b)), wide)
     mag = wide.to(a.dtype)
     integral = tl.floor(b) == b
     odd = integral & (tl.floor(b * 0.5) * 2.0 != b)

@@ -1,0 +1,101 @@
+"""The training steps `python -m fuser.profile` profiles: a model, a batch, a backend.
+
+Models: the project's GPT-2 (fuser.examples.gpt2: gpt2 is its 124M configuration,
+gpt2-small and gpt2-tiny smaller ones) and models from `transformers` built from a
+configuration, with random weights and no download (llama-125m: LlamaForCausalLM of
+hidden 768, 12 layers, 12 heads, MLP 2048, vocabulary 32000; hf-gpt2: GPT2LMHeadModel
+at GPT-2's 124M; llama-tiny, hf-gpt2-tiny for a CPU). As in benchmarks/gpt2_bench.py: on a
+GPU the forward runs under bf16 autocast and AdamW is the fused one; every backend starts
+from the same weights (one seed) and trains on the same batch.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+MODELS = ("gpt2", "gpt2-small", "gpt2-tiny", "llama-125m", "llama-tiny", "hf-gpt2", "hf-gpt2-tiny")
+BACKENDS = ("fuser", "inductor", "eager")
+
+
+def _hf_config(name: str, seq: int) -> Any:
+    import transformers as tf
+
+    tiny = name.endswith("tiny")
+    if name.startswith("llama"):
+        size = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12)
+        size.update(num_attention_heads=12, num_key_value_heads=12, vocab_size=32000)
+        if tiny:
+            size = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+            size.update(num_attention_heads=4, num_key_value_heads=4, vocab_size=256)
+        kw = dict(size, max_position_embeddings=max(seq, 64), tie_word_embeddings=False)
+        kw.update(attn_implementation="sdpa")
+        return tf.LlamaForCausalLM, tf.LlamaConfig(**kw)
+    kw = dict(n_positions=max(seq, 64), attn_implementation="sdpa")
+    if tiny:
+        kw.update(n_embd=64, n_layer=2, n_head=4, vocab_size=256)
+    return tf.GPT2LMHeadModel, tf.GPT2Config(**kw)
+
+
+def build(name: str, seq: int, device: str, seed: int = 0) -> tuple[torch.nn.Module, int, str]:
+    """(model on `device`, vocabulary size, a one-line description)."""
+    torch.manual_seed(seed)
+    if name.startswith("gpt2"):
+        from fuser.examples.gpt2 import GPT, get_config
+
+        cfg = get_config({"gpt2": "124m"}.get(name, name.removeprefix("gpt2-")))
+        model = GPT(cfg).to(device)
+        return model, cfg.vocab_size, f"GPT-2 {name} (fuser.examples.gpt2)"
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
+    cls, cfg = _hf_config(name, seq)
+    model = cls(cfg).to(device)
+    return model, cfg.vocab_size, f"{cls.__name__} {name} (transformers, from a config)"
+
+
+def _loss(model: Any, x: torch.Tensor, y: torch.Tensor, hf: bool) -> torch.Tensor:
+    if hf:
+        return model(input_ids=x, labels=x).loss  # transformers shifts the labels itself
+    return model(x, y)[1]
+
+
+def training_step(
+    name: str, backend: str, batch: int, seq: int, device: str, seed: int = 0
+) -> tuple[Callable[[], None], str]:
+    """A closure running one training step of `name` compiled by `backend`, and a title."""
+    torch._dynamo.reset()  # each backend compiles from scratch and frees the last one's
+    gc.collect()
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.empty_cache()
+    model, vocab, what = build(name, seq, device, seed)
+    if backend == "fuser":
+        from fuser.dynamo import FuserBackend
+
+        step_model = torch.compile(model, backend=FuserBackend())
+    elif backend == "inductor":
+        step_model = torch.compile(model, backend="inductor")
+    elif backend == "eager":
+        step_model = model
+    else:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda
+    )
+    g = torch.Generator().manual_seed(seed + 1)
+    idx = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    x, y = idx[:, :-1].to(device), idx[:, 1:].to(device)
+    hf = not name.startswith("gpt2")
+
+    def step() -> None:
+        with torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=cuda):
+            loss = _loss(step_model, x, y, hf)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    amp = "bf16 autocast, fused AdamW" if cuda else "fp32, AdamW"
+    return step, f"{what}, B={batch} T={seq}, {amp}"
