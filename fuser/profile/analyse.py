@@ -127,7 +127,7 @@ class _Labeller:
     def fused(self, a: Activity) -> tuple[dict | None, dict | None, str]:
         """(fuser's kernel entry, its region, the region's label) of an activity; a
         kernel known only by name gets the first region that launches it."""
-        mark = a.annotation(REGION_MARK)
+        mark = a.innermost(REGION_MARK)
         if mark is not None:
             region = self.regions.get(mark.name.removeprefix(REGION_MARK))
             for k in region["kernels"] if region is not None else ():
@@ -152,7 +152,7 @@ class _Labeller:
         # the op and the one it ran inside, if any (aten::constant_pad_nd > aten::copy_)
         ops = " > ".join([e.name for e in a.ancestors if e.name.startswith("aten::")][-2:])
         text = ops if a.kind == "op" else f"{ops} · {_short(a.name)}"
-        mark = a.annotation(REGION_MARK)  # an ATen op a fused region ran (a restride...)
+        mark = a.innermost(REGION_MARK)  # an ATen op a fused region ran (a restride...)
         region = self.regions.get(mark.name.removeprefix(REGION_MARK)) if mark else None
         return f"{text} (in {region['label']})" if region else text
 
@@ -252,7 +252,7 @@ def _unit(units: list, a: Activity, t: float | None, cat: str, region: Any, labe
     """Consecutive kernels of one region call are one unit; each Inductor kernel is one."""
     ms = (t or 0.0) / 1e3
     if region is not None:
-        mark = a.annotation(REGION_MARK)
+        mark = a.innermost(REGION_MARK)
         key = f"{mark.name}@{mark.ts}" if mark is not None else a.name.rsplit("_k", 1)[0]
         if units and units[-1]["key"] == key:
             units[-1]["ms"] += ms

@@ -26,7 +26,9 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
@@ -78,8 +80,6 @@ class Capture:
 
 
 def _fuser_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("fuser")
     except PackageNotFoundError:
@@ -181,21 +181,13 @@ def profiled_pass(
 ) -> Pass:
     """One step to settle, then `steps` windows, under torch.profiler."""
     acts = ([ProfilerActivity.CPU] if cpu else []) + ([ProfilerActivity.CUDA] if cuda else [])
-    with marked(captures or []) if cpu else _null():
+    with marked(captures or []) if cpu else nullcontext():
         with profile(activities=acts, record_shapes=shapes) as prof:
             step_fn()
             _sync(cuda)
             windows, ms = _timed_steps(step_fn, steps, cuda, mark=cpu)
     trace = _export(prof)
     return Pass(trace, _on_trace_clock(trace, windows), ms)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: Any) -> None:
-        return None
 
 
 def capture(

@@ -63,14 +63,12 @@ class Activity:
         return None if self.start is None or self.dur is None else self.start + self.dur
 
     def innermost(self, prefix: str = "aten::") -> CpuEvent | None:
+        """The innermost enclosing CPU event whose name starts with `prefix` (an ATen op,
+        or a mark such as fuser's region marks)."""
         for e in reversed(self.ancestors):
             if e.name.startswith(prefix):
                 return e
         return None
-
-    def annotation(self, prefix: str) -> CpuEvent | None:
-        """The innermost enclosing event whose name starts with `prefix`."""
-        return self.innermost(prefix)
 
 
 @dataclass
