@@ -1,8 +1,9 @@
 """fuser: a fusion code generator for NVIDIA GPUs (Triton and CUDA C++ backends)."""
 
 from fuser import config as _config  # noqa: F401  (reads the environment first)
-from fuser.errors import FuserError
+from fuser.errors import FuserError, OutOfBoundsError
 from fuser.frontend.fusion_definition import FusionDefinition
+from fuser.runtime.checks import check_errors
 
 __version__ = "0.1.0"
 
@@ -13,4 +14,14 @@ _register_backend()  # torch.compile(model, backend="fuser")
 
 from fuser.profile import profile  # noqa: E402  (fuser.profile(step): where a step's time goes)
 
-__all__ = ["FuserBackend", "FuserError", "FusionDefinition", "Trace", "explain", "profile", "trace"]
+__all__ = [
+    "FuserBackend",
+    "FuserError",
+    "FusionDefinition",
+    "OutOfBoundsError",
+    "Trace",
+    "check_errors",
+    "explain",
+    "profile",
+    "trace",
+]

@@ -31,3 +31,9 @@ class ScheduleError(FuserError):
 
 class CompileError(FuserError):
     """Generated source failed to compile; the message carries the source and the log."""
+
+
+class OutOfBoundsError(FuserError, IndexError):
+    """An index-like input holds a value outside its range (a cross-entropy target not in
+    [0, classes) and not ignore_index). An IndexError too, as PyTorch's own "Target 16 is
+    out of bounds."; the message names the element and the valid range."""

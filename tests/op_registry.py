@@ -447,6 +447,31 @@ LEAF_SAMPLES = [
 ]
 
 
+def _picked_ref(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    keep = t != -100
+    picked = x.gather(1, torch.where(keep, t, 0).long()[:, None])[:, 0]
+    return torch.where(keep, picked, 0).to(x.dtype)
+
+
+def _picked(fd: FusionDefinition, x: Any, t: Any) -> Any:
+    """x[row, t[row]] (0 where t is -100), the class picked as cross-entropy picks it."""
+    t = fd.ops.check_index(t, bound=x.shape[1], ignore=-100, what="target")
+    cls = fd.ops.iota(x.shape, dim=1, dtype=t.dtype)
+    hit = fd.ops.eq(cls, fd.ops.broadcast_in_dim(t, shape=x.shape, broadcast_dims=[0]))
+    return fd.ops.sum(fd.ops.where(hit, x, 0.0), dims=[1])
+
+
+GUARD_SAMPLES = [
+    OpSample(
+        "check_index_pick",
+        _picked,
+        _picked_ref,
+        lambda shape, dtype, g: [randn(shape, dtype, g), targets(shape, g, -100)],
+        shapes=((4, 1), (5, 7), (2, 50257)),
+    ),
+]
+
+
 def _dims_name(dims: tuple) -> str:
     return "".join("L" if d == -1 else str(d) for d in dims)
 
@@ -655,6 +680,7 @@ SAMPLES: list[OpSample] = [
     *CAST_SAMPLES,
     *MOVEMENT_SAMPLES,
     *LEAF_SAMPLES,
+    *GUARD_SAMPLES,
     *REDUCTION_SAMPLES,
     *COMPOSITE_SAMPLES,
 ]

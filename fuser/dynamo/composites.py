@@ -164,6 +164,8 @@ def _target_hits(ctx: LowerCtx, shape: list, target: Tensor, ignore_index: int) 
     ops = ctx.ops
     if target.dtype not in (torch.int32, torch.int64):
         raise NotLowerable(f"nll_loss target of dtype {target.dtype}")
+    # a target that matches no class would select nothing: checked, as ATen's nll_loss does
+    target = ops.check_index(target, bound=shape[1], ignore=ignore_index, what="target")
     cls = ops.iota(shape, dim=1, dtype=target.dtype)
     hit = ops.eq(cls, ctx.broadcast(target, shape, [0]))
     valid = ops.ne(target, ctx.scalar(ignore_index, target.dtype))

@@ -13,7 +13,7 @@ from torch import fx
 from fuser.config import debug_print
 from fuser.dynamo.context import LOWERINGS, LowerCtx, NotLowerable, meta_of
 from fuser.dynamo.support import describe, is_free, op_name
-from fuser.errors import FuserError
+from fuser.errors import FuserError, OutOfBoundsError
 from fuser.frontend.builder import Tensor
 from fuser.frontend.fusion_definition import FusionDefinition
 from fuser.runtime.cache import digest
@@ -189,8 +189,8 @@ class FusedRegion(torch.nn.Module):
         if self.record.fallback is None:
             try:
                 outs = self.fd.execute(list(args))
-            except torch.cuda.OutOfMemoryError:
-                raise
+            except (torch.cuda.OutOfMemoryError, OutOfBoundsError):
+                raise  # a bad index is the data's fault: the region stays fused
             except Exception as e:
                 if self.strict:
                     raise

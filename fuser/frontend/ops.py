@@ -9,6 +9,7 @@ from fuser.errors import DefinitionError
 from fuser.frontend.builder import GraphBuilder, Tensor, broadcast_shapes
 from fuser.ir.dtypes import dtype_of
 from fuser.ir.graph import Dim, Value
+from fuser.ir.guards import index_attrs
 from fuser.ir.ops import BINARY, UNARY, Op
 
 
@@ -56,6 +57,17 @@ class Ops:
     def iota(self, shape: Sequence[Dim], dim: int, dtype: Any = "int64") -> Tensor:
         attrs = {"shape": tuple(shape), "dim": dim, "dtype": dtype_of(dtype)}
         return self._b.add(Op.IOTA, [], attrs)[0]
+
+    # -- guards --------------------------------------------------------------------
+    def check_index(
+        self, x: Tensor, bound: Dim, ignore: int | None = None, what: str = "index"
+    ) -> Tensor:
+        """`x` itself, checked: every element must lie in [0, bound) or equal `ignore`.
+        An element that does not raises OutOfBoundsError ("Target 16 is out of bounds:
+        t1[2] (row 2) must lie in [0, 16)", with `what` = "target"); use the result, not
+        x, where the index selects something, so the check cannot be left out."""
+        attrs = index_attrs(bound, ignore, what)
+        return self._b.add(Op.CHECK_INDEX, [x], attrs)[0]
 
     # -- reductions ----------------------------------------------------------------
     def _reduce(self, op: Op, x: Tensor, dims: Any, dim: Any, keepdim: bool) -> Tensor:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from fuser.ir.dtypes import DType
 from fuser.ir.graph import Graph, Node
+from fuser.ir.guards import check_eager, target_check
 from fuser.ir.ops import Op
 
 T = torch.Tensor
@@ -100,7 +101,7 @@ def _composite(node: Node, args: list[T]) -> list[T]:
         return [torch.log_softmax(x, node.attr("dim"))]
     if op == Op.CROSS_ENTROPY:
         # ATen wants int64 targets; the IR also takes int32 (llm.c's targets are int32)
-        target = args[1].long()
+        target = check_eager(target_check(node), args[1]).long()
         return [F.cross_entropy(x, target, ignore_index=node.attr("ignore_index"))]
     raise NotImplementedError(op)
 
@@ -117,10 +118,17 @@ def constant_ids(graph: Graph) -> frozenset[int]:
 
 
 def eval_node(
-    node: Node, args: list[T], device: torch.device, constants: frozenset[int] = frozenset()
+    node: Node,
+    args: list[T],
+    device: torch.device,
+    constants: frozenset[int] = frozenset(),
+    asynchronous: bool = False,
 ) -> list[T]:
-    """One node with ATen. `constants`: ids of values that are CONST nodes' scalars."""
+    """One node with ATen. `constants`: ids of values that are CONST nodes' scalars;
+    `asynchronous`: a failed check_index on a GPU asserts on the device, not at once."""
     op = node.op
+    if op == Op.CHECK_INDEX:
+        return [check_eager(node, args[0], asynchronous)]
     if op == Op.CONST:
         return [torch.tensor(node.attr("value"), dtype=node.attr("dtype").torch, device=device)]
     if op == Op.IOTA:

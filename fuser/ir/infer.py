@@ -215,6 +215,18 @@ def _cross_entropy(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
     return [((), logits.dtype)]
 
 
+def _check_index(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
+    (x,) = xs
+    if not x.dtype.is_int:
+        raise DTypeError(
+            f"check_index: operand {x.name} has dtype {x.dtype.value}; expected an integer index"
+        )
+    bound = attrs["bound"]
+    if isinstance(bound, bool) or (isinstance(bound, int) and bound < 0):
+        raise ShapeError(f"check_index: bound {bound!r} of {x.name} is not a size")
+    return [(x.shape, x.dtype)]
+
+
 def _const(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
     return [((), attrs["dtype"])]
 
@@ -240,6 +252,7 @@ RULES: dict[Op, Callable[[Op, tuple[Value, ...], dict], Result]] = {
     Op.SOFTMAX: _same_float,
     Op.LOG_SOFTMAX: _same_float,
     Op.CROSS_ENTROPY: _cross_entropy,
+    Op.CHECK_INDEX: _check_index,
     Op.CONST: _const,
     Op.IOTA: _iota,
 }
@@ -256,6 +269,7 @@ ARITY = {
     Op.SOFTMAX: 1,
     Op.LOG_SOFTMAX: 1,
     Op.CROSS_ENTROPY: 2,
+    Op.CHECK_INDEX: 1,
     Op.CONST: 0,
     Op.IOTA: 0,
 }

@@ -51,6 +51,8 @@ class Op(enum.Enum):
     # type and shape
     CAST = "cast"
     BROADCAST_IN_DIM = "broadcast_in_dim"
+    # guards: pass a value through, checked (fuser/ir/guards.py)
+    CHECK_INDEX = "check_index"
     # reductions
     SUM = "sum"
     MAX = "max"
@@ -98,6 +100,8 @@ BINARY = ARITH | COMPARE | LOGICAL
 TERNARY = frozenset({Op.WHERE})
 ELEMENTWISE = UNARY | BINARY | TERNARY | {Op.CAST}
 MOVEMENT = frozenset({Op.BROADCAST_IN_DIM})
+# elementwise identities that check their operand: kept by every pass, fused like a unary op
+GUARD = frozenset({Op.CHECK_INDEX})
 REDUCE = frozenset({Op.SUM, Op.MAX, Op.MIN})
 COMPOSITE = frozenset(
     {
@@ -111,4 +115,4 @@ COMPOSITE = frozenset(
         Op.CROSS_ENTROPY,
     }
 )
-PRIMITIVE = LEAF | ELEMENTWISE | MOVEMENT | REDUCE
+PRIMITIVE = LEAF | ELEMENTWISE | MOVEMENT | GUARD | REDUCE

@@ -144,10 +144,13 @@ def _cross_entropy(ops: Ops, node: Node, logits: Tensor, target: Tensor) -> list
     rowmax = ops.max(lf, dims=[1])
     shifted = ops.sub(lf, _bcast(ops, rowmax, lf, [0]))
     lse = ops.add(ops.log(ops.sum(ops.exp(shifted), dims=[1])), rowmax)
+    # a target that matches no class would pick nothing and add 0: checked, as ATen does
+    ignore = node.attr("ignore_index")
+    target = ops.check_index(target, bound=lf.shape[1], ignore=ignore, what="target")
     cls = ops.iota(lf.shape, dim=1, dtype=target.value.dtype)
     hit = ops.eq(cls, _bcast(ops, target, lf, [0]))
     picked = ops.sum(ops.where(hit, lf, 0.0), dims=[1])
-    valid = ops.ne(target, node.attr("ignore_index"))
+    valid = ops.ne(target, ignore)
     loss = ops.where(valid, ops.sub(lse, picked), 0.0)
     count = ops.sum(ops.cast(valid, lf.value.dtype), dims=[0])
     return [_down(ops, ops.div(ops.sum(loss, dims=[0]), count), logits)]

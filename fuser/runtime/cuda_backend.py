@@ -373,14 +373,15 @@ def _launcher(kernel: Any, index: int, nargs: int) -> _Launcher:
     return got
 
 
-def launch_cuda(kernel: Any, tensors: list[Any]) -> None:
-    """Run `kernel` on `tensors` (its spec's args, in order) on torch's current stream."""
+def launch_cuda(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
+    """Run `kernel` on `tensors` (its spec's args, in order) on torch's current stream;
+    `checks`: its error record and flag when it has check_index nodes."""
     import torch
 
     if EMULATE_ON_CPU and all(t.device.type == "cpu" for t in tensors):
         from fuser.codegen.cuda.emulate import emulate
 
-        emulate(kernel, tensors)
+        emulate(kernel, tensors, checks)
         return
     if not tensors or any(t.device.type != "cuda" for t in tensors):
         _require_gpu(tensors)  # raises, naming the problem
@@ -390,6 +391,8 @@ def launch_cuda(kernel: Any, tensors: list[Any]) -> None:
     pointers = [t.data_ptr() for t in tensors]
     if work:
         pointers += [t.data_ptr() for t in work]
+    if checks:  # the flag is pinned host memory: its host pointer is valid on the GPU too
+        pointers += [t.data_ptr() for t in checks]
     if _use_core():
         _launch_core(kernel, index, pointers)
         return

@@ -15,6 +15,7 @@ from fuser.errors import FuserError, InputError
 from fuser.ir.evaluate import constant_ids, eval_node, evaluate
 from fuser.ir.graph import Graph, Value
 from fuser.passes import Pipeline, run_pipeline
+from fuser.runtime.checks import poll
 from fuser.runtime.kernel import Kernel, device_problem
 from fuser.schedulers.device import Device, get_device
 from fuser.schedulers.heuristics import choose_schedule
@@ -104,6 +105,7 @@ class CompiledFusion:
         return self.pipeline.final
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        poll()  # a bad index a GPU kernel reported since the last call (runtime/checks.py)
         dev = inputs[0].device if inputs else torch.device("cpu")
         if self._direct is not None:
             kernel, plan, outs = self._direct
@@ -119,7 +121,8 @@ class CompiledFusion:
             kernel = self.kernels.get(seg.index)
             if kernel is None:
                 for n in seg.nodes:
-                    outs = eval_node(n, [env[v.id] for v in n.inputs], dev, self._constants)
+                    args = [env[v.id] for v in n.inputs]
+                    outs = eval_node(n, args, dev, self._constants, asynchronous=True)
                     for v, t in zip(n.outputs, outs):
                         env[v.id] = t
                 continue

@@ -14,6 +14,7 @@ from fuser.explanation import Explanation
 from fuser.frontend.inputs import describe
 from fuser.ir.dtypes import DType, accumulator
 from fuser.runtime import cuda_backend, triton_backend
+from fuser.runtime.checks import check_args, raise_claimed
 from fuser.runtime.triton_backend import TRITON_OPTIONS
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import Arg, KernelSpec
@@ -119,6 +120,7 @@ class Kernel:
     _finalize: Any = field(default=None, repr=False)
     _cuda_launchers: dict = field(default_factory=dict, repr=False)  # per device index
     _fast: Any = field(default=None, repr=False)  # Triton's launcher, called directly
+    _records: dict = field(default_factory=dict, repr=False)  # per device: check_args
 
     @property
     def name(self) -> str:
@@ -176,16 +178,26 @@ class Kernel:
             )
 
     def launch_unchecked(self, tensors: list[torch.Tensor]) -> None:
-        """launch without the checks: for the executor, whose plan built `tensors`."""
+        """launch without the argument checks: for the executor, whose plan built
+        `tensors`. A kernel with check_index nodes also takes its error record and the
+        flag (fuser/runtime/checks.py); on CPU it has finished here, and a bad index
+        raises at once."""
+        checks = check_args(self, tensors[0].device) if self.spec.checks else []
         if self.backend == "cuda":
             from fuser.runtime.cuda_backend import launch_cuda
 
-            launch_cuda(self, tensors)  # allocates its own workspaces
-            return
-        if self.workspaces:
-            args = [*tensors, *self._workspace_tensors(tensors[0].device), self.spec.rows]
+            launch_cuda(self, tensors, checks)  # allocates its own workspaces
         else:
-            args = [*tensors, self.spec.rows]
+            self._launch_triton(tensors, checks)
+        if checks and tensors[0].device.type != "cuda":
+            raise_claimed(self, checks[0])
+
+    def _launch_triton(self, tensors: list[torch.Tensor], checks: list[torch.Tensor]) -> None:
+        if self.workspaces:
+            work = self._workspace_tensors(tensors[0].device)
+            args = [*tensors, *work, *checks, self.spec.rows]
+        else:
+            args = [*tensors, *checks, self.spec.rows]
         if self._compiled is not None:
             # the plan is specific to shapes, strides and alignment, so Triton's compiled
             # kernel for the first launch fits every later one: skip the JIT's re-binding

@@ -19,6 +19,7 @@ from typing import Any
 
 from fuser.config import use_interpreter
 from fuser.runtime.triton_backend import TRITON_OPTIONS
+from fuser.schedulers.spec import CHECK_PARAMS
 
 TL_PTR = {
     "float32": "*fp32",
@@ -104,9 +105,12 @@ def _job(kernel: Any, arch: str) -> dict:
     sig.update(
         {f"{w}_ptr": ptr[str(dt)] for w, dt in zip(kernel.workspaces, kernel.workspace_dtypes)}
     )
+    if kernel.spec.checks:
+        sig.update({name: "*i64" for name in CHECK_PARAMS})
     sig["n_rows"] = "i32"
     aligned = [i for i, a in enumerate(kernel.spec.args) if a.align == 16]
-    aligned += [len(kernel.spec.args) + i for i in range(len(kernel.workspaces))]
+    extra = len(kernel.workspaces) + (len(CHECK_PARAMS) if kernel.spec.checks else 0)
+    aligned += [len(kernel.spec.args) + i for i in range(extra)]
     return {
         "source": kernel.source,
         "name": kernel.name,

@@ -15,6 +15,11 @@ from fuser.ir.graph import Node, Value
 from fuser.ir.ops import REDUCE, Op
 from fuser.segmenter import Kind, Layout, Segment
 
+# the parameters a kernel with check_index nodes takes after its tensors and workspaces:
+# its error record on the device and the process's flag in pinned host memory (int64
+# both; fuser/runtime/checks.py)
+CHECK_PARAMS = ("err_ptr", "err_flag_ptr")
+
 
 @dataclass(frozen=True)
 class Arg:
@@ -97,6 +102,12 @@ class KernelSpec:
             ):
                 same.update(v.id for v in n.outputs)
         return frozenset(same)
+
+    @cached_property
+    def checks(self) -> tuple[Node, ...]:
+        """The check_index nodes, in order: a kernel with any takes an error record (its
+        number in this tuple is what the record's `check` field holds)."""
+        return tuple(n for n in self.nodes if n.op == Op.CHECK_INDEX)
 
     @cached_property
     def reductions(self) -> tuple[Node, ...]:

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from fuser.ir.graph import Node, Value
-from fuser.ir.ops import ELEMENTWISE, REDUCE, Op
+from fuser.ir.ops import ELEMENTWISE, GUARD, REDUCE, Op
 
 
 class Kind(enum.Enum):
@@ -142,7 +142,7 @@ def classify(nodes: list[Node]) -> Layout:
             if out not in out_options and src != Kind.SCALAR:
                 raise Rejected(f"`{node.describe()}` does not produce a {src.value} value")
             assign(node.out, out if out in out_options else src, node)
-        elif op in ELEMENTWISE:
+        elif op in ELEMENTWISE or op in GUARD:
             ks = {kind_from_shape(v) for v in node.inputs} - {Kind.SCALAR}
             if len(ks) > 1:
                 raise Rejected(f"`{node.describe()}` mixes {sorted(k.value for k in ks)} operands")

@@ -73,6 +73,15 @@ template <typename T> inline T __shfl_xor_sync(unsigned, T x, int offset) {
     return y;
 }
 
+// index_error's minimum (a GPU's atomicMin on a word of global memory)
+inline long long atomicMin(long long* p, long long value) {
+    std::atomic_ref<long long> word(*p);
+    long long old = word.load();
+    while (value < old && !word.compare_exchange_weak(old, value)) {
+    }
+    return old;
+}
+
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
@@ -192,8 +201,9 @@ def _build(text: str) -> ctypes.CDLL:
         return _libs[key]
 
 
-def emulate(kernel: Any, tensors: list[Any]) -> None:
-    """Run `kernel` (backend "cuda") on CPU `tensors`, as launch_cuda does on a GPU."""
+def emulate(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
+    """Run `kernel` (backend "cuda") on CPU `tensors`, as launch_cuda does on a GPU
+    (`checks`: its error record and flag, when it has check_index nodes)."""
     from fuser.codegen.cuda.kernels import finalize_threads
     from fuser.codegen.cuda.templates import acc_type
 
@@ -202,12 +212,13 @@ def emulate(kernel: Any, tensors: list[Any]) -> None:
     s, spec = kernel.schedule, kernel.spec
     types = [MEMORY[a.dtype] for a in spec.args]
     types += [acc_type(n.inputs[0].dtype) for n in spec.reductions][: len(kernel.workspaces)]
+    types += ["long long" for _ in checks]
     kernels = [(kernel.name, types)]
     if kernel.workspaces:
         kernels.append((kernel.name + "_finalize", types))
     lib = _build(host_source(kernel.source, kernels))
     work = kernel._workspace_tensors(tensors[0].device)
-    ptrs = [t.data_ptr() for t in [*tensors, *work]]
+    ptrs = [t.data_ptr() for t in [*tensors, *work, *checks]]
     args = (ctypes.c_void_p * len(ptrs))(*ptrs)
     grid = (*s.grid, 1, 1)[:3]
     launches = [(kernel.name, grid, s.threads)]

@@ -40,6 +40,7 @@ from fuser.codegen.cuda.templates import (
     round_to,
     to_memory,
 )
+from fuser.codegen.guards import check_comment, record_slot, static_check
 from fuser.codegen.header import header_lines
 from fuser.codegen.writer import Writer
 from fuser.errors import CompileError
@@ -47,7 +48,7 @@ from fuser.ir.dtypes import DType, promote
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import COMPARE, ELEMENTWISE, LOGICAL, REDUCE, UNARY_BOOL, Op
 from fuser.schedulers.schedule import Schedule
-from fuser.schedulers.spec import Arg, KernelSpec
+from fuser.schedulers.spec import CHECK_PARAMS, Arg, KernelSpec
 from fuser.segmenter import Kind
 
 _CT_DTYPE = {
@@ -197,11 +198,43 @@ class CudaKernelWriter:
         """Emit `node` in the current scope: an array element or a local constant."""
         if node.op == Op.CONST:
             return
+        if node.op == Op.CHECK_INDEX:
+            self.check_index(node)
+            return
         v = node.out
         if v.id in self.arrays or v.id in self.col_arrays:
             self.w.line(f"{self.ref(v)} = {self.expr(node)};")
         else:
             self.w.line(f"const {COMPUTE[v.dtype]} {v.name} = {self.expr(node)};")
+
+    def check_index(self, node: Node) -> None:
+        """`node`'s index passed through, and one compare per element of its kind (per
+        row for a target): a bad element inside the tensor calls index_error. The element
+        is spelled from `row`, `col` and `i`, which every scope of that kind defines."""
+        v, ct = node.out, COMPUTE[node.out.dtype]
+        value = static_check(node, self.consts)
+        if value is not None:  # a constant index, checked here
+            self.w.line(f"const {ct} {v.name} = {literal(value, v.dtype)};")
+            return
+        self.w.comment(check_comment(node), "//")
+        x = self.operand(node.inputs[0], ct)
+        if v.id in self.arrays or v.id in self.col_arrays:
+            self.w.line(f"{self.ref(v)} = {x};")
+        else:
+            self.w.line(f"const {ct} {v.name} = {x};")
+        ref, rows, cols = self.ref(v), self.spec.rows, self.spec.cols
+        index, inside = {
+            Kind.ROW: ("row", [f"row < {rows}"]),
+            Kind.COL: ("col + i", [f"col + i < {cols}"]),
+            Kind.FULL: (f"row * {cols} + col + i", [f"row < {rows}", f"col + i < {cols}"]),
+            Kind.SCALAR: ("0", []),
+        }[self.kind(v)]
+        bad = f"({ref} < 0 || {ref} >= {int(node.attr('bound'))})"
+        if node.attr("ignore") is not None:
+            bad += f" && {ref} != {literal(node.attr('ignore'), v.dtype)}"
+        record = record_slot(CHECK_PARAMS[0], self.spec.checks.index(node))
+        args = f"{record}, {CHECK_PARAMS[1]}, {index}, {ref}"
+        self.w.line(f"if ({' && '.join([*inside, bad])}) index_error({args});")
 
     # -- memory ------------------------------------------------------------------------
     def offset(self, a: Arg) -> str:
@@ -523,6 +556,8 @@ class CudaKernelWriter:
             const = "" if a.is_output else "const "
             params.append(f"{const}{MEMORY[a.dtype]}* __restrict__ {a.name}_ptr")
         params += [f"{ct}* __restrict__ {ws}_ptr" for ws, ct in self.workspaces()]
+        if self.spec.checks:  # the error record and the host's flag (runtime/checks.py)
+            params += [f"long long* {name}" for name in CHECK_PARAMS]
         blocks = min_blocks(self.s, threads)
         bounds = f"{threads}, {blocks}" if blocks > 1 else f"{threads}"
         joined = ",\n    ".join(params)

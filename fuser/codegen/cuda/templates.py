@@ -331,6 +331,18 @@ __device__ __forceinline__ void column_reduce(T (&acc)[V], F f, T* part) {
         __syncthreads();
     }
 }""",
+    "index_error": r"""
+// A bad index (fuser/runtime/checks.py); called only for one, so a good index costs its
+// compare. The smallest bad element wins: its index keys both 32-bit halves of its
+// value, so both minima are its own (an index past 2^31 - 1 is clamped to it). The flag
+// is a word of pinned host memory the host reads without synchronizing.
+__device__ void index_error(long long* err, long long* flag, long long index,
+                            long long value) {
+    const long long key = (index < 0x7fffffffLL ? index : 0x7fffffffLL) << 32;
+    atomicMin(err, key | (value & 0xffffffffLL));
+    atomicMin(err + 1, key | ((value >> 32) & 0xffffffffLL));
+    *reinterpret_cast<volatile long long*>(flag) = 1;
+}""",
 }
 HELPERS = {name: text.strip("\n") for name, text in _HELPERS.items()}
 # helpers another helper relies on
@@ -350,6 +362,7 @@ HELPER_ORDER = [
     "warp_reduce",
     "row_reduce",
     "column_reduce",
+    "index_error",
 ]
 
 # a helper is needed when its marker appears in the kernel body
@@ -363,6 +376,7 @@ HELPER_MARKERS = {
     "warp_reduce": ("warp_reduce<",),
     "row_reduce": ("row_reduce<",),
     "column_reduce": ("column_reduce<",),
+    "index_error": ("index_error(",),
 }
 
 

@@ -140,6 +140,7 @@ def _persistent_body(kw: TritonKernelWriter, em: Emitter, chunks: list[Chunk]) -
                 em.node(node, c)
         else:
             em.node(node, None)
+    kw.flush_reports()  # the row's index checks, once its work is done
 
 
 def _reduce_row_constant(kw: TritonKernelWriter, em: Emitter, node: Node, chunk: Chunk) -> None:
@@ -247,6 +248,7 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                     em.done |= scalar_em.done
                     for n in cone:
                         em.node(n, chunk)
+        kw.flush_reports()  # the row's index checks, once its work is done
     return w.text()
 
 
@@ -372,6 +374,7 @@ def pointwise(kw: TritonKernelWriter) -> str:
         kw.col_setup(chunk)
         for node in spec.nodes:
             em.node(node, chunk)
+        kw.flush_reports()
     return w.text()
 
 
@@ -426,6 +429,7 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                     w.line(f"{acc} = {kw.combine(n.op, acc, x)}")
                 elif spec.kinds.get(n.out.id) in (Kind.FULL, Kind.ROW):
                     inner.node(n, chunk)
+            kw.flush_reports()  # these rows' index checks
         for n in reds:
             w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=0)}")
         if split > 1:
@@ -467,6 +471,7 @@ def _epilogue(kw: TritonKernelWriter, em: Emitter, reds: list[Node], chunk: Chun
     for n in spec.nodes:  # a finalize kernel computes the scalar values again
         if n.op not in REDUCE and spec.kinds.get(n.out.id) in (Kind.COL, Kind.SCALAR):
             em.node(n, chunk)
+    kw.flush_reports()
 
 
 RENDERERS = {

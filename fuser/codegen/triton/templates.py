@@ -117,6 +117,19 @@ def bf16_wide(x):
     bits = x.to(tl.uint16, bitcast=True).to(tl.uint32)
     return (bits << 16).to(tl.float32, bitcast=True)
 """,
+    "index_error": """@triton.jit
+def index_error(err_ptr, flag_ptr, index, value, bad):
+    # indices out of their range where `bad` (fuser/runtime/checks.py): masked atomics,
+    # predicated off while every index is good. The smallest bad element wins: its index
+    # keys both 32-bit halves of its value, so both minima are its own (an index past
+    # 2**31 - 1 is clamped to it)
+    key = tl.minimum(index.to(tl.int64), 0x7FFFFFFF) << 32
+    wide = value.to(tl.int64)
+    at = err_ptr + tl.zeros_like(index)
+    tl.atomic_min(at, key | (wide & 0xFFFFFFFF), mask=bad)
+    tl.atomic_min(at + 1, key | ((wide >> 32) & 0xFFFFFFFF), mask=bad)
+    tl.store(flag_ptr + tl.zeros_like(index), 1, mask=bad)
+""",
     "max_nan": """@triton.jit
 def max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
