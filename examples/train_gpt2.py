@@ -18,6 +18,7 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ import torch
 
 from fuser.examples.gpt2 import GPT, get_config
 
-BACKENDS = ("eager", "fuser", "inductor")
+# inductor-ro: Inductor with mode="reduce-overhead" (its CUDA-graph trees)
+BACKENDS = ("eager", "fuser", "inductor", "inductor-ro")
 
 
 @dataclass
@@ -80,6 +82,11 @@ def make_backend(name: str) -> CountingBackend | None:
         from torch._dynamo.backends.registry import lookup_backend
 
         return CountingBackend(lookup_backend("inductor"))
+    if name == "inductor-ro":
+        from torch._inductor.compile_fx import compile_fx
+
+        # what mode="reduce-overhead" sets: Inductor's CUDA-graph trees
+        return CountingBackend(partial(compile_fx, config_patches={"triton.cudagraphs": True}))
     raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
 
 
@@ -124,10 +131,14 @@ def run_training(
     )
     use_amp = cuda and amp == "bf16"
     if keep is not None:
-        keep.update(model=step_model, opt=opt, amp=use_amp)
+        keep.update(
+            model=step_model, opt=opt, amp=use_amp, cudagraph_steps=backend == "inductor-ro"
+        )
     for i, (x, y) in enumerate(batches):
         _sync(device)
         t0 = time.perf_counter()
+        if backend == "inductor-ro":  # a new step: earlier graph outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
             _, loss = step_model(x, y)
         loss.backward()

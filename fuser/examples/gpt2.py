@@ -36,6 +36,8 @@ CONFIGS = {
     "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16),
     "small": GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=512, block_size=128),
     "124m": GPTConfig(),
+    "350m": GPTConfig(n_layer=24, n_head=16, n_embd=1024),
+    "774m": GPTConfig(n_layer=36, n_head=20, n_embd=1280),
 }
 
 
