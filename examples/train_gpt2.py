@@ -2,6 +2,7 @@
 
     python examples/train_gpt2.py --backend fuser --config tiny --steps 5
     python examples/train_gpt2.py --backend inductor --config 124m --batch 16 --seq 1024
+    torchrun --nproc-per-node 2 examples/train_gpt2.py --ddp      # or --fsdp: several GPUs
 
 Prints the loss of every step and, at the end, ms/step (median after the warm-up steps),
 tokens/s, peak memory, the first step's time (it includes compilation) and how many times
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fuser.examples.distributed import WRAPPERS, init, mean_over_ranks, rank_seed, wrap
 from fuser.examples.gpt2 import GPT, get_config
 
 # inductor-ro: Inductor with mode="reduce-overhead" (its CUDA-graph trees)
@@ -66,9 +68,10 @@ class CountingBackend:
 
     @property
     def recompiles(self) -> int:
-        """Compilations beyond the first of each frame (compile ids are frame/attempt)."""
-        frames = {c.rsplit("/", 1)[0] for c in self.compile_ids}
-        return len(self.compile_ids) - len(frames)
+        """Compilations beyond the first of each frame (compile ids are frame/attempt; the
+        pieces of one graph that DDP's DDPOptimizer split share one id)."""
+        ids = set(self.compile_ids)
+        return len(ids) - len({c.rsplit("/", 1)[0] for c in ids})
 
 
 def make_backend(name: str) -> CountingBackend | None:
@@ -126,8 +129,11 @@ def run_training(
     res = RunResult(backend, config, b, t, len(batches), device, amp if cuda else "none")
     counter = make_backend(backend)
     step_model = torch.compile(model, backend=counter) if counter is not None else model
+    # fused AdamW on plain CUDA tensors; FSDP2's sharded parameters (DTensors) take the
+    # default (foreach) implementation
+    sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
     opt = torch.optim.AdamW(
-        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda
+        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda and not sharded
     )
     use_amp = cuda and amp == "bf16"
     if keep is not None:
@@ -144,7 +150,7 @@ def run_training(
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        res.losses.append(loss.item())  # also synchronizes
+        res.losses.append(mean_over_ranks(loss))  # also synchronizes
         _sync(device)
         res.step_ms.append((time.perf_counter() - t0) * 1e3)
         if log:
@@ -197,21 +203,37 @@ def main(argv: list[str] | None = None) -> RunResult:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write the result as JSON here")
     ap.add_argument("--explain", action="store_true", help="print fuser.explain at the end")
+    for how in WRAPPERS:
+        ap.add_argument(
+            f"--{how}", action="store_true", help=f"train under {how.upper()} (torchrun)"
+        )
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's gradient buckets")
+    ap.add_argument(
+        "--dist-backend", default=None, help="nccl (GPUs) or gloo (CPU, or ranks sharing a GPU)"
+    )
     args = ap.parse_args(argv)
+    how = next((h for h in WRAPPERS if getattr(args, h)), None)
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if how is not None:
+        device = str(init(device, args.dist_backend))
     cfg = get_config(args.config, vocab_size=args.vocab)
     batch = args.batch or (16 if device.startswith("cuda") else 2)
     seq = args.seq or (cfg.block_size if device.startswith("cuda") else 8)
     if args.backend == "fuser":
         import fuser  # noqa: F401  (registers the backend; the entry point would too)
     model = fresh_model(args.config, device, args.vocab, args.seed)
-    print(
-        f"GPT-2 {args.config}: {model.num_params() / 1e6:.1f}M parameters, B={batch} T={seq}, "
-        f"{args.backend} on {device}",
-        flush=True,
-    )
-    batches = make_batches(cfg.vocab_size, batch, seq, args.steps, device)
+    lead = how is None or torch.distributed.get_rank() == 0
+    if lead:
+        ranks = f" x {torch.distributed.get_world_size()} ranks ({how})" if how else ""
+        print(
+            f"GPT-2 {args.config}: {model.num_params() / 1e6:.1f}M parameters, B={batch} "
+            f"T={seq}{ranks}, {args.backend} on {device}",
+            flush=True,
+        )
+    if how is not None:
+        model = wrap(model, how, args.bucket_cap_mb)
+    batches = make_batches(cfg.vocab_size, batch, seq, args.steps, device, rank_seed(1))
     res = run_training(
         model,
         args.backend,
@@ -220,7 +242,12 @@ def main(argv: list[str] | None = None) -> RunResult:
         amp=args.amp,
         lr=args.lr,
         warmup=args.warmup,
+        log=lead,
     )
+    if how is not None:
+        torch.distributed.destroy_process_group()
+    if not lead:
+        return res
     print(summary(res))
     if args.explain and args.backend == "fuser":
         import fuser

@@ -3,6 +3,7 @@ call with the reason it was not fused."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -99,10 +100,19 @@ def captures_text(captures: list[Capture], source: bool = False, brief: bool = F
         f"fuser: {len(captures)} captured graph(s), {len(graphs)} ATen graph(s), {regions} "
         f"fused regions, {kernels} kernels, {recompiles} recompile(s)"
     ]
+    pieces = Counter(c.compile_id for c in captures)
+    seen: Counter = Counter()
     for c in captures:
         shapes = ", ".join(str(s) for s in c.input_shapes[:6])
         more = ", ..." if len(c.input_shapes) > 6 else ""
         tag = " (recompile)" if c.recompile else ""
+        seen[c.compile_id] += 1
+        if pieces[c.compile_id] > 1:  # one frame, several graphs: DDP's buckets
+            tag += (
+                f" (piece {seen[c.compile_id]} of {pieces[c.compile_id]}: Dynamo's DDPOptimizer "
+                "split the frame at DDP's gradient-bucket boundaries, so each bucket's "
+                "all-reduce can start while the backward of the pieces before it runs)"
+            )
         lines.append(f"\n== capture {c.compile_id}{tag} of {c.where}; inputs {shapes}{more}")
         lines += [graph_text(g, source, brief) for g in c.graphs]
     return "\n".join(lines)
@@ -117,10 +127,13 @@ def _belongs(obj: Any) -> Callable[[Capture], bool]:
     obj = getattr(obj, "_torchdynamo_orig_callable", obj)  # torch.compile(fn)
     if isinstance(obj, torch.nn.Module):
         state = {id(t) for t in (*obj.parameters(), *obj.buffers())}
-        if state:
+        if state and any(c.takes_any(state) for c in CAPTURES):
             return lambda c: c.takes_any(state)
-        forward = type(obj).forward.__code__
-        return lambda c: forward in c.codes
+        # no capture took its tensors: under DDP's graph split (DDPOptimizer) the pieces
+        # are compiled from fake tensors, so the model's are found by its forward's code
+        inner = getattr(obj, "module", obj)  # DistributedDataParallel(model).module
+        forwards = {type(m).forward.__code__ for m in (obj, inner)}
+        return lambda c: any(f in c.codes for f in forwards)
     code = getattr(getattr(obj, "__func__", obj), "__code__", None)
     return lambda c: bool(c.codes) and c.codes[0] is code  # the frame Dynamo entered
 
