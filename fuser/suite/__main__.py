@@ -1,0 +1,105 @@
+"""python -m fuser.suite: train the suite's models with eager, Inductor and fuser, side by side.
+
+    python -m fuser.suite --size tiny                       # CPU: parity only
+    python -m fuser.suite --size full --out $OUT/suite      # a GPU: parity, ms/step, memory
+
+For each model: pass (no crash, loss and gradient parity with eager), ms/step, peak memory,
+speedup over eager, and fuser's coverage (ATen ops fused / compute ops left to ATen, GEMMs,
+attention and views apart) with the main reasons for the rest. Results go to
+suite.jsonl and suite.md in --out; the geometric mean of each implementation's speedup
+over eager closes the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from fuser.suite.models import FAMILIES
+from fuser.suite.run import IMPLS, Result, judge, train
+
+
+def table(results: list[Result]) -> str:
+    rows = [
+        "| model | impl | params M | pass | max loss diff | max grad err | ms/step | "
+        "vs eager | peak GiB | fused/unfused ops |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    eager = {r.model: r for r in results if r.impl == "eager"}
+    speedups: dict[str, list[float]] = {}
+    for r in results:
+        base = eager.get(r.model)
+        speed = base.ms_per_step / r.ms_per_step if base and not r.error else float("nan")
+        if speed == speed:
+            speedups.setdefault(r.impl, []).append(speed)
+        ops = f"{r.fused_ops}/{r.unfused_ops}" if r.impl == "fuser" and not r.error else ""
+        state = "FAIL (error)" if r.error else ("pass" if r.ok else "FAIL (parity)")
+        rows.append(
+            f"| {r.model} | {r.impl} | {r.params_m:.1f} | {state} | {r.max_loss_diff:.2e} | "
+            f"{r.max_grad_err:.2e} | {r.ms_per_step:.1f} | {speed:.2f}x | "
+            f"{r.peak_mem_gib:.2f} | {ops} |"
+        )
+    rows.append("")
+    for impl, s in speedups.items():
+        geo = math.exp(sum(math.log(v) for v in s) / len(s))
+        passed = sum(r.ok for r in results if r.impl == impl)
+        total = sum(r.impl == impl for r in results)
+        rows.append(f"- {impl}: {passed}/{total} pass, speedup over eager (geomean) {geo:.2f}x")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--models", default=",".join(FAMILIES), help="comma-separated")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="eager first: parity is against it")
+    ap.add_argument("--size", choices=("tiny", "full"), default="tiny")
+    ap.add_argument("--steps", type=int, default=None, help="default 2 on CPU, 12 on a GPU")
+    ap.add_argument("--warmup", type=int, default=None, help="default 1 on CPU, 4 on a GPU")
+    ap.add_argument("--device", default=None, help="default cuda if available, else cpu")
+    ap.add_argument("--out", type=Path, default=None, help="folder for suite.jsonl and suite.md")
+    args = ap.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cpu = device == "cpu"
+    steps = args.steps or (2 if cpu else 12)
+    warmup = args.warmup if args.warmup is not None else (1 if cpu else 4)
+    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    if "eager" in impls:  # parity is against eager: it runs first
+        impls = ["eager"] + [i for i in impls if i != "eager"]
+    results: list[Result] = []
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        base, base_grads = None, {}
+        for impl in impls:
+            res, grads = train(name, args.size, impl, device, steps, warmup)
+            if impl == "eager":
+                base, base_grads = res, grads
+            elif base is not None:
+                judge(res, grads, base, base_grads)
+            del grads
+            results.append(res)
+            state = "ERROR" if res.error else ("pass" if res.ok else "PARITY FAIL")
+            print(
+                f"{name:9s} {impl:9s} {state:11s} {res.ms_per_step:9.1f} ms/step "
+                f"loss diff {res.max_loss_diff:.1e} grad err {res.max_grad_err:.1e}",
+                flush=True,
+            )
+            if res.error:
+                print(res.error.strip().splitlines()[-1], flush=True)
+        del base_grads
+    text = table(results)
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with (args.out / "suite.jsonl").open("w") as f:
+            for r in results:
+                f.write(json.dumps({**asdict(r), "ok": r.ok, "coverage": r.coverage}) + "\n")
+        (args.out / "suite.md").write_text(text + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

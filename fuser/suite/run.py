@@ -1,0 +1,199 @@
+"""One suite model trained by one implementation, judged against eager.
+
+Each implementation (eager, inductor, fuser) starts from the same weights and trains on
+the same batches with AdamW (fused on a GPU, with bf16 autocast there). Parity: the loss
+of every step within the dtype's tolerance of eager's, and the gradients after the first
+step within it too (relative error of each parameter's gradient, by its norm). fuser's
+coverage is read from what it compiled: the ATen ops it fused against the compute ops it
+left to ATen (matmuls, attention and free views apart), with the reasons.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from fuser.suite.models import batch, build
+
+IMPLS = ("eager", "inductor", "fuser")
+
+# ATen ops that are not memory-bound work fuser could take: GEMMs and attention stay
+# with their libraries; views, aliases and metadata cost nothing
+GEMM = ("mm", "addmm", "bmm", "baddbmm", "convolution", "matmul", "linear")
+ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+FREE = (
+    "view",
+    "alias",
+    "t.",
+    "transpose",
+    "permute",
+    "expand",
+    "as_strided",
+    "slice",
+    "select",
+    "squeeze",
+    "unsqueeze",
+    "split",
+    "detach",
+    "getitem",
+    "lift_fresh",
+    "empty",
+    "sym_size",
+)
+
+
+@dataclass
+class Result:
+    model: str
+    size: str
+    impl: str
+    device: str
+    params_m: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    ms_per_step: float = float("nan")
+    peak_mem_gib: float = float("nan")
+    first_step_s: float = float("nan")
+    graphs: int = 0
+    max_loss_diff: float = 0.0
+    max_grad_err: float = 0.0
+    grad_err_param: str = ""
+    parity: bool | None = None
+    fused_ops: int = 0
+    unfused_ops: int = 0
+    unfused_top: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.parity is not False
+
+    @property
+    def coverage(self) -> float:
+        total = self.fused_ops + self.unfused_ops
+        return self.fused_ops / total if total else float("nan")
+
+
+def tolerances(device: str) -> tuple[float, float]:
+    """(loss tolerance, gradient relative error) for a step on `device`: fp32 on a CPU,
+    bf16 autocast on a GPU."""
+    return (1e-4, 1e-3) if device == "cpu" else (5e-2, 8e-2)
+
+
+def _kind(op: str) -> str:
+    name = op.removeprefix("aten.")
+    if any(name.startswith(g) for g in GEMM):
+        return "gemm"
+    if any(a in name for a in ATTENTION):
+        return "attention"
+    if any(name.startswith(f) for f in FREE):
+        return "free"
+    return "compute"
+
+
+def coverage(backend: object, res: Result) -> None:
+    """Fill `res`'s fused/unfused op counts from a FuserBackend's captures."""
+    reasons: Counter = Counter()
+    for capture in backend.captures:  # type: ignore[attr-defined]
+        for graph in capture.graphs:
+            res.fused_ops += sum(len(r.nodes) for r in graph.fused)
+            for f in graph.fallbacks:
+                if _kind(f.op) == "compute":
+                    res.unfused_ops += 1
+                    reasons[f"{f.op}: {f.reason}"] += 1
+    res.unfused_top = [f"{n} x {why}" for why, n in reasons.most_common(6)]
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        n: p.grad.detach().float().clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
+
+
+def train(
+    name: str, size: str, impl: str, device: str, steps: int, warmup: int
+) -> tuple[Result, dict[str, torch.Tensor]]:
+    """Train `name` with `impl` for `steps` steps: the result and the first step's
+    gradients (`judge` compares both with eager's)."""
+    res = Result(name, size, impl, device)
+    torch._dynamo.reset()
+    gc.collect()
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    grads: dict[str, torch.Tensor] = {}
+    try:
+        model = build(name, size, device)
+        res.params_m = sum(p.numel() for p in model.parameters()) / 1e6
+        backend = None
+        if impl == "fuser":
+            from fuser.dynamo import FuserBackend
+
+            backend = FuserBackend()
+            step_model = torch.compile(model, backend=backend)
+        elif impl == "inductor":
+            step_model = torch.compile(model, backend="inductor")
+        elif impl == "eager":
+            step_model = model
+        else:
+            raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+        times = []
+        for i in range(steps):
+            kwargs = batch(name, size, model, device, seed=1 + i)
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+                loss = step_model(**kwargs).loss
+            loss.backward()
+            if i == 0:
+                grads = _grads(model)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            res.losses.append(loss.item())
+            if cuda:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        res.first_step_s = times[0] / 1e3
+        res.ms_per_step = statistics.median(times[warmup:] or times[-1:])
+        if cuda:
+            res.peak_mem_gib = torch.cuda.max_memory_allocated() / 2**30
+        if backend is not None:
+            res.graphs = len(backend.captures)
+            coverage(backend, res)
+    except Exception:
+        res.error = traceback.format_exc()[-3000:]
+    return res, grads
+
+
+def judge(res: Result, grads: dict, eager: Result, eager_grads: dict) -> None:
+    """Parity of `res` (and its first step's `grads`) with eager's."""
+    if res.error or eager.error:
+        return
+    loss_tol, grad_tol = tolerances(res.device)
+    diffs = [abs(a - b) for a, b in zip(res.losses, eager.losses)]
+    res.max_loss_diff = max(diffs) if diffs else 0.0
+    worst, where = 0.0, ""
+    # a gradient that is zero in exact arithmetic (an attention key's bias: softmax does
+    # not see a shift of every score in a row) is rounding noise in both: errors are
+    # relative to the gradient's norm, or to 1e-4 of the largest one's where that is more
+    floor = 1e-4 * max((w.norm().item() for w in eager_grads.values()), default=0.0)
+    for n, want in eager_grads.items():
+        got = grads.get(n)
+        if got is None:
+            worst, where = float("inf"), f"{n} (no gradient)"
+            break
+        err = ((got - want).norm() / max(want.norm().item(), floor, 1e-30)).item()
+        if err > worst:
+            worst, where = err, n
+    res.max_grad_err, res.grad_err_param = worst, where
+    res.parity = res.max_loss_diff <= loss_tol and worst <= grad_tol

@@ -1,0 +1,55 @@
+"""The model suite's tiny configurations train with backend="fuser" as they do eagerly.
+
+Twelve families from `transformers` (2 layers, hidden 64; fuser.suite.models), two
+training steps on CPU: the loss of each step and the gradients of the first within fp32
+tolerance of eager's, and fuser fused something in each (it did not stand aside).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")  # in the test extra, pinned to the GPU image's version
+
+from fuser.suite.models import FAMILIES  # noqa: E402
+from fuser.suite.run import Result, judge, train  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_tiny_model_trains_as_eager(name: str) -> None:
+    eager, eager_grads = train(name, "tiny", "eager", "cpu", steps=2, warmup=1)
+    assert not eager.error, eager.error
+    fused, grads = train(name, "tiny", "fuser", "cpu", steps=2, warmup=1)
+    assert not fused.error, fused.error
+    judge(fused, grads, eager, eager_grads)
+    assert fused.parity, (fused.max_loss_diff, fused.max_grad_err, fused.grad_err_param)
+    assert fused.fused_ops > 0, fused.unfused_top
+
+
+def test_judge_sees_a_wrong_gradient_and_a_wrong_loss() -> None:
+    g = torch.Generator().manual_seed(0)
+    want = {"w": torch.randn(8, 8, generator=g), "tiny": torch.randn(4, generator=g) * 1e-12}
+    eager = Result("m", "tiny", "eager", "cpu", losses=[2.0, 1.5])
+
+    def judged(grads: dict, losses: list[float]) -> Result:
+        r = Result("m", "tiny", "fuser", "cpu", losses=losses)
+        judge(r, grads, eager, want)
+        return r
+
+    assert judged(dict(want), [2.0, 1.5]).parity
+    # rounding noise on a gradient that is zero in exact arithmetic is not an error
+    noisy = dict(want, tiny=want["tiny"] * -3)
+    assert judged(noisy, [2.0, 1.5]).parity
+    wrong = dict(want, w=want["w"] * 1.01)
+    assert not judged(wrong, [2.0, 1.5]).parity
+    assert judged(wrong, [2.0, 1.5]).grad_err_param == "w"
+    assert not judged(dict(want), [2.0, 1.6]).parity
+    assert not judged({"w": want["w"]}, [2.0, 1.5]).parity  # a gradient missing
