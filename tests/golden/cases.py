@@ -10,7 +10,9 @@ meta tensors: rendering needs shapes, strides, dtypes and alignment, never data.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -124,10 +126,27 @@ GOLDENS = (
 )
 
 
+@contextmanager
+def gpu_variant() -> Iterator[None]:
+    """Render what a GPU runs: the Triton renderer writes interpreter-only helpers (bf16
+    rounding) when this process interprets, and a golden is the same on every machine."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
 def render(golden: Golden, backend: str, preset: str) -> str:
-    """Every kernel of the fusion's plan for `preset`, in segment order, one after another."""
+    """Every kernel of the fusion's plan for `preset`, in segment order, one after another,
+    as rendered for a GPU."""
     fd, inputs = golden.build()
-    kernels = fd.compile(inputs, device=preset, backend=backend)
+    with gpu_variant():
+        kernels = fd.compile(inputs, device=preset, backend=backend)
     comment = "#" if backend == "triton" else "//"
     parts = [f"{comment} ===== kernel {k.name} =====\n{k.source}" for k in kernels]
     return "\n".join(parts)
