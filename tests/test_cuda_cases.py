@@ -416,12 +416,13 @@ def run_replaced(fd: FusionDefinition, inputs: list[torch.Tensor], **changes: ob
     '' when the output matches fd.reference."""
     from dataclasses import replace
 
-    from fuser.codegen.cuda.render import render_cuda
+    from fuser.codegen.cuda.source import render_cuda
+    from fuser.plan.build import make_plan
     from fuser.runtime.kernel import Kernel
 
     (k,) = fd.compile(inputs, "h100", "cuda")
     s = replace(k.schedule, **changes).validate()
-    kernel = Kernel(k.spec, s, render_cuda(k.spec, s), "cuda")
+    kernel = Kernel(k.spec, s, render_cuda(make_plan(k.spec, s)), "cuda")
     graph_inputs = fd._runtime().last.graph.inputs
     env = {v.id: t for v, t in zip(graph_inputs, inputs)}
     args, outs = [], []

@@ -23,6 +23,7 @@ from fuser.fuzz.check import compare
 from fuser.ir.dtypes import dtype_of
 from fuser.ir.evaluate import tolerance
 from fuser.ir.ops import Op
+from fuser.schedulers.online import looped_plan
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 NAN, INF = math.nan, math.inf
@@ -129,7 +130,7 @@ def run(fd: FusionDefinition, inputs: list[torch.Tensor], eager: bool = False) -
 def _plan(fd: FusionDefinition, inputs: list[torch.Tensor]):  # noqa: ANN202
     kernels = fd.compile(inputs, "h100")
     k = next(k for k in kernels if k.schedule.kind == "inner_looped")
-    return k.spec, k.spec.looped_plan, k
+    return k.spec, looped_plan(k.spec), k
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
@@ -214,7 +215,7 @@ def test_source_reads_the_row_twice(be: str) -> None:
 def test_softmax_against_eager(backend: str, op: str, dtype: torch.dtype, shape) -> None:  # noqa: ANN001
     fd = row_op(op, dtype)
     run(fd, [randn(*shape, dtype=dtype)])
-    assert looped(fd).spec.looped_plan.count == 2
+    assert looped_plan(looped(fd).spec).count == 2
 
 
 @pytest.mark.parametrize("dtype", [F32, F16, BF16])
@@ -223,7 +224,7 @@ def test_cross_entropy_fwd_bwd_against_eager(backend: str, dtype: torch.dtype) -
     fd = ce_fwd_bwd(rows, cols, dtype)
     x, t = randn(rows, cols, dtype=dtype, scale=2.0), targets(rows, cols)
     run(fd, [x, t])
-    assert looped(fd).spec.looped_plan.count == 2
+    assert looped_plan(looped(fd).spec).count == 2
 
 
 def test_composite_cross_entropy_against_eager(backend: str) -> None:
@@ -242,14 +243,14 @@ def test_non_contiguous_input(backend: str, view: str) -> None:
     assert not x.is_contiguous()
     fd = row_op("log_softmax", BF16)
     run(fd, [x])
-    assert looped(fd).spec.looped_plan.count == 2
+    assert looped_plan(looped(fd).spec).count == 2
 
 
 @pytest.mark.parametrize("scale,exp", [(0.125, "exp"), (1.4426950408889634, "exp2")])
 def test_scaled_softmax_against_eager(backend: str, scale: float, exp: str) -> None:
     fd = scaled_softmax(BF16, scale, exp)
     run(fd, [randn(2, 33001, dtype=BF16, scale=8.0)])
-    assert looped(fd).spec.looped_plan.pairs
+    assert looped_plan(looped(fd).spec).pairs
 
 
 # -- NaN and infinities -----------------------------------------------------------------------
@@ -346,19 +347,20 @@ def test_online_kernels_compile_without_spills(be: str) -> None:
     """The chosen looped schedules of softmax, log_softmax and cross-entropy (50257 and
     128256 columns, bf16 and fp32) compile for sm_90 without spills, and use the
     registers the backend's estimate says (15% or 8)."""
+    from fuser.backends.registry import get_backend
     from fuser.runtime.resources import many_resources
-    from fuser.schedulers.registers import estimate_for
 
     kernels = []
     for name, fd, inputs in _resource_cases():
         (k,) = fd.compile(inputs, "h100", be)
-        assert k.schedule.kind == "inner_looped" and k.spec.looped_plan.pairs, name
+        assert k.schedule.kind == "inner_looped" and looped_plan(k.spec).pairs, name
         kernels.append((name, k))
     ks = [k for _, k in kernels]
     resources = many_resources(ks) if be == "triton" else [k.resources("sm_90") for k in ks]
     bad = []
     for (name, k), r in zip(kernels, resources):
-        est = estimate_for(k.spec, k.schedule, be)
+        est = get_backend(be).estimate(k.plan)
+        assert k.schedule.estimate.registers == est, name  # chosen with this model
         if r["spill_bytes"] or not within(est, r["registers"]):
             bad.append(f"{name} {k.schedule.short()}: est {est}, {r}")
     assert not bad, "\n".join(bad)

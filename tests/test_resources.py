@@ -79,9 +79,9 @@ def test_no_multiply_add_contraction_in_machine_code(backend, compiler, monkeypa
     product's rounding error instead of 0). cuda.core's NVRTC path, the default where
     cuda-core is installed, contracted until it was given fma=False."""
     from fuser import FusionDefinition
+    from fuser.backends.registry import get_backend
     from fuser.config import config
     from fuser.runtime import cuda_backend
-    from fuser.runtime.resources import kernel_sass
 
     if backend == "cuda":
         pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC through cuda-python")
@@ -95,6 +95,6 @@ def test_no_multiply_add_contraction_in_machine_code(backend, compiler, monkeypa
         fd.add_output(fd.ops.add(fd.ops.mul(x, y), z))
     meta = [torch.empty(64, 1024, device="meta") for _ in range(3)]
     (k,) = fd.compile(meta, device="h100", backend=backend)
-    code = kernel_sass(k)
+    code = get_backend(k.backend).sass(k)
     assert "FMUL" in code, "the multiply is missing from the machine code"
     assert "FFMA" not in code, "a multiply and an add were contracted into one FFMA"

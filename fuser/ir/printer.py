@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fuser.ir.dtypes import DType
-from fuser.ir.graph import Graph, Node, Value
 from fuser.ir.ops import Op
+
+if TYPE_CHECKING:  # annotations only: Graph.__str__ calls graph_text
+    from fuser.ir.graph import Graph, Node, Value
 
 
 def _fmt(v: Any) -> str:

@@ -10,15 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from fuser.config import config
+from fuser.version import __version__
 
 
 def versions() -> dict[str, str]:
-    import torch
+    import torch  # heavy: only when a cache entry is read or written
     import triton
 
-    import fuser
-
-    return {"fuser": fuser.__version__, "torch": torch.__version__, "triton": triton.__version__}
+    return {"fuser": __version__, "torch": torch.__version__, "triton": triton.__version__}
 
 
 def digest(*parts: Any) -> str:

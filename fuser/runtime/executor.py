@@ -10,20 +10,19 @@ from typing import Any
 
 import torch
 
+from fuser.backends.registry import get_backend
 from fuser.config import config, debug_print
-from fuser.errors import FuserError, InputError
+from fuser.errors import InputError
 from fuser.ir.evaluate import constant_ids, eval_node, evaluate
 from fuser.ir.graph import Graph, Value
 from fuser.passes import Pipeline, run_pipeline
+from fuser.plan.build import make_plan
 from fuser.runtime.checks import poll
 from fuser.runtime.kernel import Kernel, device_problem
 from fuser.schedulers.device import Device, get_device
 from fuser.schedulers.heuristics import choose_schedule
 from fuser.schedulers.spec import Arg, KernelSpec
 from fuser.segmenter import Kind, Segment, segment
-
-BACKENDS = ("triton", "cuda")
-
 
 _ALIGN = [16, 1, 2, 1, 4, 1, 2, 1, 8, 1, 2, 1, 4, 1, 2, 1]
 
@@ -293,15 +292,10 @@ def plan(
 
 
 def render_kernel(spec: KernelSpec, schedule: Any, backend: str) -> Kernel:
-    if backend == "triton":
-        from fuser.codegen.triton.render import render_triton
-
-        return Kernel(spec, schedule, render_triton(spec, schedule), "triton")
-    if backend == "cuda":
-        from fuser.codegen.cuda.render import render_cuda
-
-        return Kernel(spec, schedule, render_cuda(spec, schedule), "cuda")
-    raise FuserError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    """The schedule's plan, printed by the backend."""
+    b = get_backend(backend)
+    plan = make_plan(spec, schedule)
+    return Kernel(spec, schedule, b.render(plan), b.name, plan=plan)
 
 
 def _check_runnable(graph: Graph, first: torch.Tensor, backend: str) -> None:
@@ -337,8 +331,7 @@ class FusionExecutor:
         """The plan for `inputs`; `device` is None for execute (plan for the inputs' own
         device and check that this process can run the backend there)."""
         backend = backend or config.backend
-        if backend not in BACKENDS:
-            raise FuserError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+        get_backend(backend)  # a FuserError naming the known ones
         entry = "execute" if device is None else "compile"
         try:
             key = (signature(inputs), backend, device.name if device else None)

@@ -8,12 +8,13 @@ from typing import Any
 
 import torch
 
-from fuser.codegen.triton.kernels import workspaces
+from fuser.backends.registry import get_backend
 from fuser.errors import InputError
 from fuser.explanation import Explanation
 from fuser.frontend.inputs import describe
 from fuser.ir.dtypes import DType, accumulator
-from fuser.runtime import cuda_backend, triton_backend
+from fuser.plan.build import make_plan
+from fuser.plan.kernel_plan import KernelPlan
 from fuser.runtime.checks import check_args, raise_claimed
 from fuser.runtime.triton_backend import TRITON_OPTIONS
 from fuser.schedulers.schedule import Schedule
@@ -60,9 +61,7 @@ def _direct_launches(first: Any, grid3: tuple, fin: Any) -> list[tuple] | None:
 
 def device_problem(backend: str, device_type: str) -> str | None:
     """Why this process cannot run `backend`'s kernels on tensors of `device_type`, or None."""
-    if backend == "cuda":
-        return cuda_backend.device_problem(device_type)
-    return triton_backend.device_problem(device_type)
+    return get_backend(backend).device_problem(device_type)
 
 
 def _arg_problem(a: Arg, shape: list[int], t: Any, first: torch.Tensor) -> str | None:
@@ -114,6 +113,7 @@ class Kernel:
     schedule: Schedule
     source: str
     backend: str
+    plan: KernelPlan | None = field(default=None, repr=False)  # what the source prints
     _module: Any = field(default=None, repr=False)
     _resources: dict = field(default_factory=dict, repr=False)
     _compiled: Any = field(default=None, repr=False)
@@ -140,7 +140,9 @@ class Kernel:
             (a.is_output, a.value.id, shape, a.dtype.torch)
             for a, shape in zip(self.spec.args, self.shapes)
         ]
-        self.workspaces = workspaces(self.spec, self.schedule)
+        if self.plan is None:
+            self.plan = make_plan(self.spec, self.schedule)
+        self.workspaces = [ws.name for ws in self.plan.workspaces]
         # a compiled kernel's launcher wants all three grid dimensions
         self._grid3 = (*self.schedule.grid, 1, 1)[:3]
         self.workspace_dtypes = (
@@ -183,12 +185,7 @@ class Kernel:
         flag (fuser/runtime/checks.py); on CPU it has finished here, and a bad index
         raises at once."""
         checks = check_args(self, tensors[0].device) if self.spec.checks else []
-        if self.backend == "cuda":
-            from fuser.runtime.cuda_backend import launch_cuda
-
-            launch_cuda(self, tensors, checks)  # allocates its own workspaces
-        else:
-            self._launch_triton(tensors, checks)
+        get_backend(self.backend).launch(self, tensors, checks)
         if checks and tensors[0].device.type != "cuda":
             raise_claimed(self, checks[0])
 
@@ -238,9 +235,7 @@ class Kernel:
     def resources(self, arch: str = "sm_90") -> dict:
         """Registers, spill/stack bytes and shared memory the real compiler reports."""
         if arch not in self._resources:
-            from fuser.runtime.resources import kernel_resources
-
-            self._resources[arch] = kernel_resources(self, arch)
+            self._resources[arch] = get_backend(self.backend).resources(self, arch)
         return self._resources[arch]
 
     def explain(self) -> Explanation:
@@ -252,6 +247,8 @@ class Kernel:
             f"{self.spec.bytes_moved() / 1e6:.2f} MB moved",
         ]
         lines += ["  " + ln for ln in self.schedule.explain().splitlines()]
+        if self.plan is not None:
+            lines += ["  " + ln for ln in self.plan.text().splitlines()]
         for arch, r in self._resources.items():
             lines.append(
                 f"  compiler ({arch}): {r['registers']} registers "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fuser.config import use_interpreter
+from fuser.runtime.cuda_backend import compile_cubin
 from fuser.runtime.triton_backend import TRITON_OPTIONS
 from fuser.schedulers.spec import CHECK_PARAMS
 
@@ -80,15 +81,16 @@ def sass(cubin: bytes) -> str:
 
 
 def _cuda_cubin(kernel: Any, arch: str) -> bytes:
-    from fuser.runtime.cuda_backend import compile_cubin
-
     return compile_cubin(kernel.source, kernel.name, arch, kernel.schedule.max_registers)
 
 
-def kernel_sass(kernel: Any, arch: str = "sm_90") -> str:
-    """`kernel`'s machine code for `arch`, compiled as the runtime compiles it; no GPU."""
-    if kernel.backend == "cuda":
-        return sass(_cuda_cubin(kernel, arch))
+def cuda_sass(kernel: Any, arch: str = "sm_90") -> str:
+    """A CUDA kernel's machine code for `arch`, compiled through NVRTC; no GPU."""
+    return sass(_cuda_cubin(kernel, arch))
+
+
+def triton_sass(kernel: Any, arch: str = "sm_90") -> str:
+    """A Triton kernel's machine code for `arch`, compiled as the runtime compiles it."""
     job = _job(kernel, arch)
     if not use_interpreter():
         return _triton_sass(job)
@@ -158,21 +160,16 @@ def _with_spills(r: dict[str, int]) -> dict:
 def cuda_resources(kernel: Any, arch: str = "sm_90") -> dict:
     """NVRTC compiles the CUDA source to a cubin for `arch` (no GPU needed); cuobjdump
     reads it. A split column reduction's finalize kernel is reported under "finalize"."""
-    from fuser.schedulers.registers import estimate_for
-
     res = cubin_resources(_cuda_cubin(kernel, arch))
     out = _with_spills(res.get(kernel.name) or next(iter(res.values())))
     fin = res.get(kernel.name + "_finalize")
     if fin is not None:
         out["finalize"] = _with_spills(fin)
-    # the backend's own model: the scheduler's estimate is calibrated on Triton
-    out["estimate"] = estimate_for(kernel.spec, kernel.schedule, "cuda")
     return out
 
 
-def kernel_resources(kernel: Any, arch: str = "sm_90") -> dict:
-    if kernel.backend == "cuda":
-        return cuda_resources(kernel, arch)
+def triton_resources(kernel: Any, arch: str = "sm_90") -> dict:
+    """Triton compiles the kernel for `arch` (no GPU needed); cuobjdump reads the cubin."""
     job = _job(kernel, arch)
     if not use_interpreter():
         return _compile_triton(job)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from fuser.backends.base import Backend
+from fuser.backends.registry import get_backend
+from fuser.plan.build import make_plan
 from fuser.schedulers.device import Device
-from fuser.schedulers.registers import (
-    estimate_registers,
-    looped_extra_registers,
-    working_registers,
-)
+from fuser.schedulers.online import looped_plan
+from fuser.schedulers.registers import buffer_registers
 from fuser.schedulers.schedule import Estimate, Schedule
-from fuser.schedulers.spec import Arg, KernelSpec
+from fuser.schedulers.spec import KernelSpec, access_width
 
 # A persistent row keeps at most this many buffer registers per thread; beyond it the
 # row is looped instead (nvFuser budgets about half of the 255 for buffers).
@@ -39,17 +39,6 @@ def pow2_ceil(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def arg_vector(spec: KernelSpec, a: Arg, v: int) -> int:
-    """The widest vector up to `v` whose accesses of `a` start aligned in every row."""
-    while v > 1 and (
-        a.col_stride != 1
-        or (spec.rows > 1 and a.row_stride % v)
-        or a.align % min(v * a.dtype.itemsize, 16)
-    ):
-        v //= 2
-    return v
-
-
 def vector_width(spec: KernelSpec, reasons: list[str], masked_tail: bool = True) -> int:
     """Elements per access: 16 bytes where every FULL input's rows allow it.
 
@@ -64,15 +53,15 @@ def vector_width(spec: KernelSpec, reasons: list[str], masked_tail: bool = True)
     widest = max((a.dtype.itemsize for a in fulls), default=4)
     v = max(16 // widest, 1)
     loads = [a for a in fulls if not a.is_output] or fulls
-    limits = [a.name for a in loads if arg_vector(spec, a, v) < v]
-    v = min((arg_vector(spec, a, v) for a in loads), default=v)
+    limits = [a.name for a in loads if access_width(spec, a, v) < v]
+    v = min((access_width(spec, a, v) for a in loads), default=v)
     aligned = v
     while not masked_tail and v > 1 and spec.cols % v:
         v //= 2
     why = f"vector {v}: {v * widest} bytes per access of the widest tensor ({widest} B elements)"
     if limits:
         why += f"; narrowed by stride/alignment of {', '.join(sorted(set(limits)))}"
-    narrow = sorted({a.name for a in fulls if a.is_output and arg_vector(spec, a, v) < v})
+    narrow = sorted({a.name for a in fulls if a.is_output and access_width(spec, a, v) < v})
     if narrow:
         why += f"; narrower stores to {', '.join(narrow)} (their rows start unaligned)"
     if v < aligned:
@@ -106,7 +95,11 @@ def index_bits(spec: KernelSpec) -> int:
 
 # -- pointwise ---------------------------------------------------------------------
 def schedule_pointwise(
-    spec: KernelSpec, dev: Device, per_block: int = 4096, warps: int | None = None
+    spec: KernelSpec,
+    dev: Device,
+    per_block: int = 4096,
+    warps: int | None = None,
+    backend: Backend | str = "triton",
 ) -> Schedule:
     reasons: list[str] = []
     v = vector_width(spec, reasons)
@@ -126,19 +119,23 @@ def schedule_pointwise(
         tpr,
         rpb,
         num_warps=warps,
-        unswitch=spec.cols % chunk == 0 and spec.rows % rpb == 0,
         index_bits=index_bits(spec),
     )
     reasons.append(
         f"tile {rpb} rows x {chunk} cols = {rpb * chunk} elements per block, "
         f"{warps} warps: ~{rpb * chunk // (warps * 32)} elements per thread"
     )
-    if s.unswitch:
-        reasons.append("unswitch: the tile divides the domain, no masks")
-    regs, _ = estimate_registers(spec, max(rpb * chunk // (warps * 32), 1), 1, warps, False)
+    if spec.cols % chunk == 0 and spec.rows % rpb == 0:
+        reasons.append("exact split: the tile divides the domain, no predicates")
+    regs = registers(spec, s, backend)
     covered = -(-spec.cols // chunk) * chunk
     est = _estimate(spec, dev, s, regs, 0, covered)
     return _with(s, est, reasons)
+
+
+def registers(spec: KernelSpec, s: Schedule, backend: Backend | str) -> int:
+    """The backend's register estimate for `s`: what the choice is made with."""
+    return get_backend(backend).estimate(make_plan(spec, s))
 
 
 def _with(s: Schedule, est: Estimate, reasons: list[str]) -> Schedule:
@@ -146,11 +143,51 @@ def _with(s: Schedule, est: Estimate, reasons: list[str]) -> Schedule:
 
 
 # -- inner (row) reductions and persistent normalization ----------------------------
-def _persistent_candidates(spec: KernelSpec, dev: Device, v: int) -> list[tuple]:
+@dataclass(frozen=True)
+class Candidate:
+    """One persistent layout of a row: `threads_per_row` x `rows_per_block` threads, each
+    keeping `batch` chunks (plus a `tail` chunk) of `per_thread` row elements."""
+
+    threads_per_row: int
+    rows_per_block: int
+    batch: int
+    tail: int
+    covered: int  # columns the chunks cover (the row, plus padding lanes)
+    per_thread: int
+    registers: int  # the backend's estimate
+    buffer_registers: int  # of which the row kept across the reductions
+
+    @property
+    def threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+
+def _persistent_schedule(
+    spec: KernelSpec, v: int, c: Candidate, programs: int = 0, estimate: Estimate | None = None
+) -> Schedule:
+    return Schedule(
+        "inner_persistent",
+        spec.rows,
+        spec.cols,
+        v,
+        c.threads_per_row,
+        c.rows_per_block,
+        c.batch,
+        c.tail,
+        num_warps=max(c.threads // 32, 1),
+        index_bits=index_bits(spec),
+        programs=programs,
+        estimate=estimate,
+    )
+
+
+def _persistent_candidates(
+    spec: KernelSpec, dev: Device, v: int, backend: Backend
+) -> list[Candidate]:
     cols, rows = spec.cols, spec.rows
     out = []
     tpr = 1
-    while tpr <= 1024:
+    while tpr <= backend.limits.max_threads:
         chunk = tpr * v
         if chunk > pow2_ceil(cols) or chunk > cols * 2:
             break
@@ -161,71 +198,54 @@ def _persistent_candidates(spec: KernelSpec, dev: Device, v: int) -> list[tuple]
         covered = batch * chunk + tail
         per_thread = batch * v + max(tail // tpr, 1 if tail else 0)
         rpb = 1
-        while tpr * rpb <= 1024:
+        while tpr * rpb <= backend.limits.max_threads:
             threads = tpr * rpb
             if (
                 threads >= 32
                 and rpb <= min(pow2_ceil(rows), MAX_ROWS_PER_BLOCK)
                 and batch <= MAX_BATCH
             ):
-                chunks = batch + (1 if tail else 0)
-                regs, buf = estimate_registers(
-                    spec, per_thread, chunks, max(threads // 32, 1), persistent=True
-                )
-                out.append((tpr, rpb, batch, tail, covered, per_thread, regs, buf))
+                c = Candidate(tpr, rpb, batch, tail, covered, per_thread, 0, 0)
+                regs = min(registers(spec, _persistent_schedule(spec, v, c), backend), 255)
+                buf = buffer_registers(spec, per_thread)
+                out.append(replace(c, registers=regs, buffer_registers=buf))
             rpb *= 2
         tpr *= 2
     return out
 
 
 def _score(
-    spec: KernelSpec, dev: Device, c: tuple, itemsize: int, backend: str = "triton"
+    spec: KernelSpec, dev: Device, c: Candidate, itemsize: int, backend: Backend
 ) -> tuple[float, list[str]]:
     """Estimated relative throughput of one persistent candidate (higher is better).
 
     Calibrated on the H100 sweep of the seed fusion (benchmarks/results/h100-2026-11-21-sweep1:
     every candidate timed): one row per block wins, by 15-60% over 2-4 rows per block
     (Triton lays a [rows, chunk] tile out across warps in both dimensions and the row
-    reduction then crosses them); 8-32 elements per thread; an exact split beats a tail by
-    ~4%; enough warps per SM to cover DRAM latency; padding lanes cost little (masked lanes
-    move no bytes).
+    reduction then crosses them); 8-32 elements per thread (the backend's preference); an
+    exact split beats a tail by ~4%; enough warps per SM to cover DRAM latency; padding
+    lanes cost little (masked lanes move no bytes).
     """
-    tpr, rpb, batch, tail, covered, per_thread, regs, buf = c
-    threads = tpr * rpb
-    bps = dev.blocks_per_sm(threads, regs)
+    tpr, rpb, per_thread = c.threads_per_row, c.rows_per_block, c.per_thread
+    bps = dev.blocks_per_sm(c.threads, c.registers)
     if bps == 0:
         return 0.0, []
-    warps_sm = bps * max(threads // 32, 1)
-    lanes = spec.cols / covered
-    inflight = bps * threads * per_thread * itemsize
+    warps_sm = bps * max(c.threads // 32, 1)
+    lanes = spec.cols / c.covered
+    inflight = bps * c.threads * per_thread * itemsize
     latency = min(1.0, inflight / BYTES_IN_FLIGHT_PER_SM)
     occupancy = min(1.0, warps_sm / TARGET_WARPS_PER_SM) ** 0.5
     # several rows per block only where one row cannot fill a warp
     rows_pen = 1.0 if rpb == 1 or tpr < 32 else 0.8 ** math.log2(rpb)
-    if backend == "cuda":
-        # CUDA sweep (h100-2026-11-22): 12-32 elements per thread best on short rows; 40
-        # (five 16-byte vectors, 64 threads a row) 10-16% slower at 1280 and 2560, 8 about
-        # 6% slower at 1024 and 2048; rows of 512+ threads take 40 well (20480)
-        if per_thread < 12:
-            work = 0.93
-        elif per_thread > 32 and tpr < 256:
-            work = 0.85
-        else:
-            work = 1.0
-    elif per_thread < 8:
-        work = 0.9
-    elif per_thread > 32:
-        work = 0.97 ** math.log2(per_thread / 32)
-    else:
-        work = 1.0
-    tail_pen = 0.96 if tail else 1.0
+    work = backend.per_thread_preference(per_thread, tpr)
+    tail_pen = 0.96 if c.tail else 1.0
     # a row spread over 16+ warps pays for the cross-warp reduction (shared memory)
     sync = {512: 0.98, 1024: 0.9}.get(tpr, 1.0)
     score = lanes**0.25 * latency * occupancy * rows_pen * work * tail_pen * sync
     why = [
         f"{rpb} row(s) per block",
         f"{per_thread} elements/thread",
-        "exact split" if not tail else "a tail chunk",
+        "exact split" if not c.tail else "a tail chunk",
         f"{warps_sm} warps/SM",
         f"{inflight // 1024} KB in flight/SM",
         f"lanes {lanes:.0%} useful",
@@ -237,52 +257,35 @@ def _inner_schedule(
     spec: KernelSpec,
     dev: Device,
     v: int,
-    cand: tuple,
+    c: Candidate,
     reasons: list[str],
+    backend: Backend,
     prefetch: bool = False,
 ) -> Schedule:
-    tpr, rpb, batch, tail, covered, per_thread, regs, buf = cand
-    warps = max(tpr * rpb // 32, 1)
-    exact = tail == 0 and spec.cols % (tpr * v) == 0
-    programs = 0
+    regs, programs = c.registers, 0
     if prefetch:
-        # the next row's inputs are held while this row computes
-        regs = min(regs + working_registers(spec, per_thread), 255)
-        programs = dev.sms * max(dev.blocks_per_sm(tpr * rpb, regs), 1)
-    s = Schedule(
-        "inner_persistent",
-        spec.rows,
-        spec.cols,
-        v,
-        tpr,
-        rpb,
-        batch,
-        tail,
-        num_warps=warps,
-        unswitch=exact and spec.rows % rpb == 0,
-        index_bits=index_bits(spec),
-        programs=programs,
-    )
-    return _with(s, _estimate(spec, dev, s, regs, buf, covered), reasons)
+        # the next row's inputs are held while this row computes: the estimate of the
+        # prefetching kernel decides how many programs stay resident
+        regs = min(registers(spec, _persistent_schedule(spec, v, c, programs=1), backend), 255)
+        programs = dev.sms * max(dev.blocks_per_sm(c.threads, regs), 1)
+    s = _persistent_schedule(spec, v, c, programs)
+    return _with(s, _estimate(spec, dev, s, regs, c.buffer_registers, c.covered), reasons)
 
 
-def _inner_candidates(spec: KernelSpec, dev: Device, v: int) -> list[tuple]:
+def _inner_candidates(spec: KernelSpec, dev: Device, v: int, backend: Backend) -> list[Candidate]:
     # a candidate must fit on an SM at all (1024 threads x 95 registers does not: a
     # 16-byte vector lets 8 chunks cover 50257 columns, too many registers for one block)
     return [
         c
-        for c in _persistent_candidates(spec, dev, v)
-        if c[7] <= MAX_BUFFER_REGISTERS and c[6] < 255 and dev.blocks_per_sm(c[0] * c[1], c[6])
+        for c in _persistent_candidates(spec, dev, v, backend)
+        if c.buffer_registers <= MAX_BUFFER_REGISTERS
+        and c.registers < 255
+        and dev.blocks_per_sm(c.threads, c.registers)
     ]
 
 
-# Backends whose renderer writes the prefetching row loop (Schedule.programs), and those
-# where the heuristic picks it (measured to pay off on the H100 for both).
-PREFETCH_BACKENDS = ("triton", "cuda")
-PREFETCH_CHOSEN = ("triton", "cuda")  # CUDA at 8192x20480: 0.355 -> 0.27 ms on the H100
-
-
-def schedule_inner(spec: KernelSpec, dev: Device, backend: str = "triton") -> Schedule:
+def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "triton") -> Schedule:
+    backend = get_backend(backend)
     reasons: list[str] = []
     v = vector_width(spec, reasons)
     # full tiles may all come from broadcasts (no FULL input): then the widest input
@@ -293,22 +296,21 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: str = "triton") -> Sc
     # the widest vector, and half of it where that makes the split exact
     scored = []
     for vv in sorted({v, max(v // 2, 1)}, reverse=True):
-        for c in _inner_candidates(spec, dev, vv):
+        for c in _inner_candidates(spec, dev, vv, backend):
             sc, why = _score(spec, dev, c, itemsize, backend)
             scored.append((sc * (1.0 if vv == v else 0.99), why, vv, c))
     if not scored:
-        return schedule_looped(spec, dev, v, reasons)
-    _, why, v_best, best = max(scored, key=lambda x: (x[0], x[3][0]))
+        return schedule_looped(spec, dev, v, reasons, backend=backend)
+    _, why, v_best, best = max(scored, key=lambda x: (x[0], x[3].threads_per_row))
     if v_best != v:
         reasons.append(f"vector {v_best}: half the widest, for an exact split of the row")
         v = v_best
-    cands = scored
-    tpr, rpb, batch, tail, covered, per_thread, regs, buf = best
+    tpr, rpb, batch, tail = best.threads_per_row, best.rows_per_block, best.batch, best.tail
     exact = tail == 0 and spec.cols % (tpr * v) == 0
     reasons.append(
-        f"persistent: the row stays in registers, {per_thread} elements/thread "
+        f"persistent: the row stays in registers, {best.per_thread} elements/thread "
         f"({spec.crossing_words():.1f} words each cross the reductions), "
-        f"{len(cands)} candidates scored"
+        f"{len(scored)} candidates scored"
     )
     reasons.append(
         f"threads_per_row {tpr} x rows_per_block {rpb} = {tpr * rpb} threads; "
@@ -319,17 +321,19 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: str = "triton") -> Sc
         + (f" + a tail chunk of {tail} (the only masked one)" if tail else ", exact split")
     )
     if exact and spec.rows % rpb == 0:
-        reasons.append("unswitch: every chunk and row block is full, no masks")
-    chosen = _inner_schedule(spec, dev, v, best, reasons)
-    assert chosen.estimate is not None
-    # "one block per SM" must hold even if ptxas uses 10% fewer registers than estimated
+        reasons.append("exact split: every chunk and row block is full, no predicates")
+    chosen = _inner_schedule(spec, dev, v, best, reasons, backend)
+    # "one block per SM" (at most the backend's few) must hold even if ptxas uses 10% fewer
+    # registers than estimated
     # (16384 estimated 66, compiled to 64: two blocks fit, and prefetching lost 5%)
-    surely_one = dev.blocks_per_sm(tpr * rpb, int(regs * 0.9)) == 1
-    if surely_one and rpb == 1 and spec.rows > 4 * dev.sms and backend in PREFETCH_CHOSEN:
+    few = backend.limits.prefetch_max_blocks_per_sm
+    surely_few = dev.blocks_per_sm(tpr * rpb, int(best.registers * 0.9)) <= few
+    if surely_few and rpb == 1 and spec.rows > 4 * dev.sms and backend.limits.prefetch:
         # With one resident block per SM nothing overlaps its reductions with loads, so
         # each program keeps its SM and loads the next row while it reduces this one
-        # (H100: 8192x20480 12% faster; at 2+ blocks/SM, 12288 and 16384, 5-7% slower).
-        pre = _inner_schedule(spec, dev, v, best, list(reasons), prefetch=True)
+        # (H100: 8192x20480 12% faster, CUDA 0.355 -> 0.27 ms; at 2+ blocks/SM, 12288
+        # and 16384, 5-7% slower).
+        pre = _inner_schedule(spec, dev, v, best, list(reasons), backend, prefetch=True)
         assert pre.estimate is not None
         fits = dev.blocks_per_sm(tpr * rpb, pre.estimate.registers) >= 1
         if fits and pre.estimate.registers < 255:
@@ -348,6 +352,7 @@ def schedule_looped(
     reasons: list[str],
     warps: int | None = None,
     unroll: int | None = None,
+    backend: Backend | str = "triton",
 ) -> Schedule:
     # 256 threads per row, 2 chunks per iteration: 4096 fp16 elements in flight per block
     if warps is None:
@@ -355,7 +360,7 @@ def schedule_looped(
     tpr = warps * 32
     if unroll is None:
         unroll = 2 if spec.cols >= 2 * tpr * v else 1
-    plan = spec.looped_plan
+    plan = looped_plan(spec)
     reasons.append(
         f"looped: {spec.cols} columns do not fit in registers at {spec.crossing_words():.1f} "
         f"words/element; {len(plan.passes)} pass(es) over the row, {tpr * v * unroll} "
@@ -375,8 +380,7 @@ def schedule_looped(
         num_warps=warps,
         index_bits=index_bits(spec),
     )
-    regs, _ = estimate_registers(spec, v * unroll, unroll, warps, persistent=False)
-    regs = min(regs + looped_extra_registers(spec, v * unroll), 255)
+    regs = registers(spec, s, backend)
     return _with(s, _estimate(spec, dev, s, regs, 0, spec.cols), reasons)
 
 
@@ -387,11 +391,11 @@ def schedule_outer(
     tile: int | None = None,
     warps: int = 8,
     blocks_per_sm: int = 4,
-    backend: str = "triton",
+    backend: Backend | str = "triton",
 ) -> Schedule:
+    backend = get_backend(backend)
     reasons: list[str] = []
-    # the CUDA split reduction moves whole vectors of partial sums (no masked tail)
-    v = vector_width(spec, reasons, masked_tail=backend != "cuda")
+    v = vector_width(spec, reasons, masked_tail=backend.limits.masked_outer_tail)
     chunk = min(pow2_ceil(spec.cols), tile or 32 * v * 2)
     tpr = max(chunk // v, 1)
     rpb = max(1, min(32, (warps * 32 * 16) // chunk, pow2_ceil(spec.rows)))
@@ -418,27 +422,32 @@ def schedule_outer(
         split_rows=split,
         index_bits=index_bits(spec),
     )
-    regs, _ = estimate_registers(spec, max(chunk * rpb // (warps * 32), 1), 1, warps, False)
+    regs = registers(spec, s, backend)
     return _with(s, _estimate(spec, dev, s, regs, 0, col_blocks * chunk), reasons)
 
 
-def choose_schedule(spec: KernelSpec, dev: Device, backend: str = "triton") -> Schedule:
+def choose_schedule(spec: KernelSpec, dev: Device, backend: Backend | str = "triton") -> Schedule:
+    """The heuristic's schedule for `spec` on `dev`, chosen with `backend`'s estimate."""
+    backend = get_backend(backend)
     if spec.layout.outer:
         return schedule_outer(spec, dev, backend=backend)
     if spec.layout.inner:
         return schedule_inner(spec, dev, backend)
-    return schedule_pointwise(spec, dev)
+    return schedule_pointwise(spec, dev, backend=backend)
 
 
-def candidate_schedules(spec: KernelSpec, dev: Device, backend: str = "triton") -> list[Schedule]:
+def candidate_schedules(
+    spec: KernelSpec, dev: Device, backend: Backend | str = "triton"
+) -> list[Schedule]:
     """Every legal schedule the heuristics choose among, for measuring their regret.
 
     The heuristic's own choice is always one of them (the sweep times all and reports
     the best beside it).
     """
+    backend = get_backend(backend)
     out: list[Schedule] = []
     if spec.layout.outer:
-        v = vector_width(spec, [], masked_tail=backend != "cuda")
+        v = vector_width(spec, [], masked_tail=backend.limits.masked_outer_tail)
         for tile in sorted({32 * v, 64 * v, 128 * v, min(pow2_ceil(spec.cols), 2048)}):
             for warps in (4, 8):
                 for bps in (2, 4, 8):
@@ -446,10 +455,10 @@ def candidate_schedules(spec: KernelSpec, dev: Device, backend: str = "triton") 
     elif spec.layout.inner:
         v_best = vector_width(spec, [])
         for v in sorted({v_best, max(v_best // 2, 1)}):
-            for c in _inner_candidates(spec, dev, v):
-                out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"]))
-                if c[1] == 1 and spec.rows > 2 * dev.sms and backend in PREFETCH_BACKENDS:
-                    out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"], True))
+            for c in _inner_candidates(spec, dev, v, backend):
+                out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"], backend))
+                if c.rows_per_block == 1 and spec.rows > 2 * dev.sms and backend.limits.prefetch:
+                    out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"], backend, True))
             if spec.cols > 2048 or not out:
                 # narrow accesses (an odd row stride forces vector 1 at 50257) keep few
                 # bytes in flight per thread: the sweep also tries 8 of them per iteration
@@ -458,11 +467,11 @@ def candidate_schedules(spec: KernelSpec, dev: Device, backend: str = "triton") 
                 for warps in (4, 8, 16):
                     for unroll in unrolls:
                         if warps * 32 * v * unroll <= 2 * pow2_ceil(spec.cols):
-                            out.append(schedule_looped(spec, dev, v, [], warps, unroll))
+                            out.append(schedule_looped(spec, dev, v, [], warps, unroll, backend))
     else:
         for per_block in (1024, 2048, 4096, 8192, 16384):
             for warps in (2, 4, 8, 16):
-                out.append(schedule_pointwise(spec, dev, per_block, warps))
+                out.append(schedule_pointwise(spec, dev, per_block, warps, backend))
     out.append(choose_schedule(spec, dev, backend))
     unique: dict[str, Schedule] = {}
     for sch in out:

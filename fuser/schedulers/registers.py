@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import math
 
+from fuser.ir.dtypes import DType
 from fuser.ir.ops import Op
+from fuser.plan.kernel_plan import KernelPlan
+from fuser.schedulers.online import looped_plan
 from fuser.schedulers.spec import KernelSpec
+from fuser.segmenter import Kind
 
 # Calibrated on the seed fusion's sweep compiled by ptxas for sm_90 (Triton 3.6): a
 # persistent kernel used ~22 registers of overhead, one register per fp32 row element kept
@@ -56,9 +60,6 @@ LOOPED_INT64_ROW = 0.5
 
 def _int64_row(spec: KernelSpec) -> bool:
     """True when an int64 value of the whole row is computed (an iota of class indices)."""
-    from fuser.ir.dtypes import DType
-    from fuser.segmenter import Kind
-
     return any(
         spec.kinds.get(n.out.id) == Kind.FULL and n.out.dtype == DType.int64 for n in spec.nodes
     )
@@ -67,7 +68,7 @@ def _int64_row(spec: KernelSpec) -> bool:
 def looped_accumulators(spec: KernelSpec) -> int:
     """Accumulators live at once in a looped kernel: the most of any pass over the row
     (an online max-and-sum pass holds the plain reductions, the maxes and the sums)."""
-    plan = spec.looped_plan
+    plan = looped_plan(spec)
     most = 1
     for rounds in plan.passes:
         pairs = plan.pairs_in(rounds, spec)
@@ -93,6 +94,24 @@ def estimate_registers(
     if buf and warps == 1:
         regs = one_warp_registers(regs)
     return min(regs, 255), buf
+
+
+def triton_registers(plan: KernelPlan) -> int:
+    """Registers per thread the Triton backend's kernel for `plan` is expected to use."""
+    spec, s = plan.spec, plan
+    if s.kind == "inner_persistent":
+        tail = max(s.tail // s.threads_per_row, 1) if s.tail else 0
+        per_thread = s.persistent_batch * s.vector + tail
+        regs, _ = estimate_registers(spec, per_thread, s.chunk_count, s.num_warps, True)
+        if s.programs:  # the next row's inputs are held while this row computes
+            regs = min(regs + working_registers(spec, per_thread), 255)
+        return regs
+    if s.kind == "inner_looped":
+        per_thread = s.vector * s.unroll
+        regs, _ = estimate_registers(spec, per_thread, s.unroll, s.num_warps, False)
+        return min(regs + looped_extra_registers(spec, per_thread), 255)
+    per_thread = max(s.rows_per_block * s.chunk // s.threads, 1)
+    return estimate_registers(spec, per_thread, 1, s.num_warps, False)[0]
 
 
 def one_warp_registers(regs: int) -> int:
@@ -132,14 +151,6 @@ CUDA_OUTER_BASE = 12
 CUDA_POINTWISE_BASE = 20
 
 
-def cuda_tail_vector(schedule) -> int:  # noqa: ANN001 - a Schedule (import cycle)
-    """Elements per thread in the tail chunk of a persistent row as the CUDA renderer lays
-    it out: the tail's width spread over the row's threads, at most a vector, at least 1."""
-    if not schedule.tail:
-        return 0
-    return max(1, min(schedule.vector, schedule.tail // schedule.threads_per_row))
-
-
 def _words(spec: KernelSpec, kinds: tuple, outputs: bool = False) -> float:
     """32-bit words per element of the arguments of `kinds` (inputs, or outputs)."""
     return (
@@ -147,17 +158,15 @@ def _words(spec: KernelSpec, kinds: tuple, outputs: bool = False) -> float:
     )
 
 
-def cuda_registers(spec: KernelSpec, schedule) -> int:  # noqa: ANN001
-    """Registers per thread the CUDA backend's kernel for `schedule` is expected to use."""
-    from fuser.segmenter import Kind
-
-    s = schedule
+def cuda_registers(plan: KernelPlan) -> int:
+    """Registers per thread the CUDA backend's kernel for `plan` is expected to use."""
+    spec, s = plan.spec, plan
     if s.kind == "inner_persistent":
-        per_thread = s.persistent_batch * s.vector + cuda_tail_vector(s)
+        per_thread = s.persistent_batch * s.vector + s.tail_vector
         buf = buffer_registers(spec, per_thread)
         regs = CUDA_PERSISTENT_BASE + buf
         regs += math.ceil(per_thread * _words(spec, (Kind.COL,)) / CUDA_COLUMN_LOOKAHEAD)
-        if getattr(s, "programs", 0):
+        if s.programs:
             # the next row's loads, held through this row's passes: measured ~2 registers
             # per loaded word (seed fusion, fp16: 5140 +28, 12288 +47, 16384 +33, 20480 +25)
             regs += math.ceil(CUDA_PREFETCH_PER_WORD * per_thread * _words(spec, (Kind.FULL,)))
@@ -178,11 +187,3 @@ def cuda_registers(spec: KernelSpec, schedule) -> int:  # noqa: ANN001
     if s.max_registers:
         regs = min(regs, s.max_registers)
     return min(regs, 255)
-
-
-def estimate_for(spec: KernelSpec, schedule, backend: str) -> int:  # noqa: ANN001
-    """The register estimate of `schedule` for `backend`: the scheduler's own (calibrated
-    on Triton) for "triton", the CUDA renderer's model for "cuda"."""
-    if backend == "cuda":
-        return cuda_registers(spec, schedule)
-    return schedule.estimate.registers

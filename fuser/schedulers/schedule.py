@@ -47,7 +47,6 @@ class Schedule:
     persistent_batch: int = 1
     tail: int = 0
     unroll: int = 1
-    unswitch: bool = False
     num_warps: int = 4
     split_rows: int = 1
     max_registers: int | None = None
@@ -96,7 +95,7 @@ class Schedule:
             s += f" unroll{self.unroll}"
         if self.split_rows > 1:
             s += f" split{self.split_rows}"
-        s += f" warps{self.num_warps}" + (" unswitch" if self.unswitch else "")
+        s += f" warps{self.num_warps}"
         return s + (" i64" if self.index_bits == 64 else "")
 
     def validate(self) -> Schedule:
@@ -118,10 +117,6 @@ class Schedule:
                 )
         if self.programs and (self.kind != "inner_persistent" or self.rows_per_block != 1):
             raise ScheduleError("a prefetching row loop needs inner_persistent, one row a block")
-        if self.unswitch and self.kind == "inner_persistent" and self.tail:
-            raise ScheduleError(
-                f"unswitch needs an exact split; {self.chunk} does not divide {self.cols}"
-            )
         return self
 
     def explain(self) -> Explanation:

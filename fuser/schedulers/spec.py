@@ -39,6 +39,23 @@ class Arg:
         return self.value.dtype
 
 
+def access_width(spec: KernelSpec, a: Arg, width: int) -> int:
+    """Elements per access of `a` in a slot of `width` columns: the widest power of two up
+    to `width` (and 16 bytes) whose accesses start aligned in every row. A slot's first
+    column is a multiple of its width, so a pack of p elements is aligned when the pointer
+    is aligned to p elements and the row stride keeps it so."""
+    if a.kind not in (Kind.FULL, Kind.COL) or a.col_stride != 1:
+        return 1
+    p, size = width, a.dtype.itemsize
+    while p > 1 and (
+        a.align % (p * size)
+        or p * size > 16
+        or (a.kind == Kind.FULL and spec.rows > 1 and a.row_stride % p)
+    ):
+        p //= 2
+    return p
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     name: str
@@ -116,14 +133,6 @@ class KernelSpec:
     @property
     def rounds(self) -> int:
         return max((self.depth[n.out.id] for n in self.reductions), default=0)
-
-    @cached_property
-    def looped_plan(self):  # noqa: ANN201 - a LoopedPlan (fuser/schedulers/online.py)
-        """The passes a looped kernel makes over the row (online max-and-sum pairs share
-        one)."""
-        from fuser.schedulers.online import looped_plan
-
-        return looped_plan(self)
 
     def crossing_words(self) -> float:
         """32-bit registers per row element that must survive a reduction.

@@ -24,7 +24,6 @@ from fuser.ir.dtypes import DType
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import REDUCE, Op
 from fuser.schedulers.online import OnlinePair
-from fuser.schedulers.registers import cuda_tail_vector
 from fuser.schedulers.schedule import Schedule
 from fuser.segmenter import Kind
 
@@ -45,52 +44,15 @@ def _slot_region(
 
 
 # -- inner persistent ------------------------------------------------------------------------
-def _persistent_plan(kw: CudaKernelWriter) -> tuple[list[list[Node]], dict[int, int]]:
-    """Nodes of each nest (nest d runs after reduction round d) and, for values kept in
-    register arrays, the nest that writes them. A FULL value is computed in the first nest
-    that needs it; if a later nest needs it too, it is kept (the persistent buffer).
-    Values that depend on no FULL input are recomputed instead."""
-    spec = kw.spec
-    rounds = spec.rounds
-    placed: dict[int, int] = {}
-    kept: dict[int, int] = {}
-    nests = []
-    for d in range(rounds + 1):
-        targets = [n.inputs[0] for n in spec.reductions if spec.depth[n.out.id] == d + 1]
-        targets += [
-            a.value
-            for a in spec.outputs
-            if a.kind in (Kind.FULL, Kind.COL) and spec.depth[a.value.id] == d
-        ]
-        need: set[int] = set()
-        stack = list(targets)
-        while stack:
-            v = stack.pop()
-            if v.id in kw.consts or kw.kind(v) in PER_THREAD:
-                continue
-            if v.id in placed and placed[v.id] < d:
-                kept[v.id] = placed[v.id]
-                continue
-            if not kw.cheap(v):
-                placed[v.id] = d
-            n = kw.producer.get(v.id)
-            if n is None or id(n) in need:
-                continue
-            need.add(id(n))
-            stack += list(n.inputs)
-        nests.append([n for n in spec.nodes if id(n) in need])
-    return nests, kept
-
-
 def inner_persistent(kw: CudaKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     v, tpr, rpb, batch = s.vector, s.threads_per_row, s.rows_per_block, s.persistent_batch
     chunk = s.chunk
-    tail_v = cuda_tail_vector(s)
+    tail_v = s.tail_vector
     nchunks = batch + (1 if tail_v else 0)
     threads = tpr * rpb
-    row_guard = spec.rows % rpb != 0
-    nests, kept = _persistent_plan(kw)
+    row_guard = s.row_guard
+    nests, kept = [list(p.nodes) for p in s.passes], dict(s.kept)
     w.line(kw.signature(spec.name, threads))
     with w.block("{", "}"):
         w.comment(
@@ -235,7 +197,7 @@ def _row_nodes(kw: CudaKernelWriter, depth: int) -> list[Node]:
 def inner_looped(kw: CudaKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     v, tpr, unroll = s.vector, s.threads_per_row, s.unroll
-    plan = spec.looped_plan
+    plan = s.looped
     chunk = s.chunk
     width = chunk * unroll
     full_end = spec.cols // width * width

@@ -1,4 +1,4 @@
-"""Render a KernelSpec + Schedule as CUDA C++ source (compiled with NVRTC).
+"""The CUDA C++ kernel writer: prints a KernelPlan (compiled with NVRTC).
 
 Like the Triton renderer, every kernel is written for its exact input signature: sizes,
 strides and alignment are literals. What CUDA adds is spelled out:
@@ -33,7 +33,6 @@ from fuser.codegen.cuda.templates import (
     acc_type,
     combine,
     from_memory,
-    helpers_for,
     identity,
     literal,
     render_op,
@@ -41,14 +40,13 @@ from fuser.codegen.cuda.templates import (
     to_memory,
 )
 from fuser.codegen.guards import check_comment, record_slot, static_check
-from fuser.codegen.header import header_lines
 from fuser.codegen.writer import Writer
 from fuser.errors import CompileError
 from fuser.ir.dtypes import DType, promote
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import COMPARE, ELEMENTWISE, LOGICAL, REDUCE, UNARY_BOOL, Op
-from fuser.schedulers.schedule import Schedule
-from fuser.schedulers.spec import CHECK_PARAMS, Arg, KernelSpec
+from fuser.plan.kernel_plan import KernelPlan
+from fuser.schedulers.spec import CHECK_PARAMS, Arg
 from fuser.segmenter import Kind
 
 _CT_DTYPE = {
@@ -97,17 +95,17 @@ class Nest:
 
 
 class CudaKernelWriter:
-    def __init__(self, spec: KernelSpec, schedule: Schedule):
-        self.spec, self.s = spec, schedule
+    def __init__(self, plan: KernelPlan):
+        spec = plan.spec
+        self.spec, self.s = spec, plan
         self.w = Writer()
         self.args = {a.value.id: a for a in spec.args}
         self.consts = {n.out.id: n for n in spec.nodes if n.op == Op.CONST}
         self.producer = {v.id: n for n in spec.nodes for v in n.outputs}
-        self.idx = "long long" if schedule.index_bits == 64 else "int"
+        self.idx = "long long" if plan.index_bits == 64 else "int"
         self.arrays: set[int] = set()  # values in [slot][i] register arrays
         self.col_arrays: set[int] = set()  # COL values a thread holds in [i] arrays
         self.slot_var = "c"
-        self._cheap: dict[int, bool] = {}
 
     # -- values ------------------------------------------------------------------------
     def kind(self, v: Value) -> Kind:
@@ -246,27 +244,10 @@ class CudaKernelWriter:
             terms.append("col" if a.col_stride == 1 else f"col * {a.col_stride}")
         return " + ".join(terms) or "0"
 
-    def pack_width(self, a: Arg, width: int) -> int:
-        """Elements per access of `a` in a slot of `width`: as many as alignment allows.
-
-        A slot's first column is a multiple of its width, so a pack of p elements is
-        aligned when the pointer is aligned to p elements and the row stride keeps it so.
-        """
-        if a.kind not in (Kind.FULL, Kind.COL) or a.col_stride != 1:
-            return 1
-        p, size = width, a.dtype.itemsize
-        while p > 1 and (
-            a.align % (p * size)
-            or p * size > 16
-            or (a.kind == Kind.FULL and self.spec.rows > 1 and a.row_stride % p)
-        ):
-            p //= 2
-        return p
-
     def access(self, a: Arg, width: int, arr: str, load: bool) -> list[str]:
         """Statements moving `width` elements between `a` at (row, col) and array `arr`."""
         ptr, off = f"{a.name}_ptr", self.offset(a)
-        p = self.pack_width(a, width)
+        p = self.s.pack(a, width)
         if p > 1:
             fn = "load_pack" if load else "store_pack"
             if p == width:
@@ -528,27 +509,10 @@ class CudaKernelWriter:
             stack += list(n.inputs)
         return [n for n in self.spec.nodes if id(n) in need]
 
-    def cheap(self, v: Value) -> bool:
-        """True when `v` depends on no FULL input (a broadcast, an iota, a column or row
-        value): cheaper to recompute in every nest than to keep in registers."""
-        if v.id not in self._cheap:
-            a, n = self.args.get(v.id), self.producer.get(v.id)
-            if a is not None and not a.is_output:
-                r = a.kind != Kind.FULL
-            elif n is None or n.op in REDUCE:
-                r = True
-            else:
-                r = all(self.cheap(x) for x in n.inputs)
-            self._cheap[v.id] = r
-        return self._cheap[v.id]
-
     # -- kernel frame --------------------------------------------------------------------
     def workspaces(self) -> list[tuple[str, str]]:
         """(name, C type) of the partial-sum buffers of a split column reduction."""
-        from fuser.codegen.triton.kernels import workspaces
-
-        names = workspaces(self.spec, self.s)
-        return [(nm, acc_type(n.inputs[0].dtype)) for nm, n in zip(names, self.spec.reductions)]
+        return [(ws.name, acc_type(ws.reduction.inputs[0].dtype)) for ws in self.s.workspaces]
 
     def signature(self, name: str, threads: int) -> str:
         params = []
@@ -572,28 +536,11 @@ def identity_of(n: Node) -> str:
     return identity(n.op, n.inputs[0].dtype)
 
 
-def min_blocks(schedule: Schedule, threads: int) -> int:
+def min_blocks(plan: KernelPlan, threads: int) -> int:
     """Blocks per SM for `__launch_bounds__`: only a schedule with a register cap asks for
     more than one. Asking for the occupancy the estimate plans made ptxas grow to the cap
     it implies (12288: 78 -> 111 registers) and spill where the estimate was low (1280:
     8 bytes, fp32 layernorm 768: 24 bytes), so without a cap ptxas chooses."""
-    if not schedule.max_registers:
+    if not plan.max_registers:
         return 1
-    return max(1, 65536 // (threads * schedule.max_registers))
-
-
-def render_cuda(spec: KernelSpec, schedule: Schedule) -> str:
-    """CUDA C++ source for one kernel (plus its finalize kernel for split reductions)."""
-    from fuser.codegen.cuda.kernels import RENDERERS
-
-    if schedule.kind not in RENDERERS:
-        raise CompileError(f"cannot render a {schedule.kind} schedule for cuda")
-    kw = CudaKernelWriter(spec, schedule)
-    body = RENDERERS[schedule.kind](kw)
-    top = Writer()
-    top.comment("\n".join(header_lines(spec, schedule, "cuda")), "//")
-    top.line()
-    for h in helpers_for(body):
-        top.lines += h.splitlines()
-        top.line()
-    return top.text() + body
+    return max(1, 65536 // (threads * plan.max_registers))

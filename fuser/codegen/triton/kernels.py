@@ -162,7 +162,7 @@ def _reduce_row_constant(kw: TritonKernelWriter, em: Emitter, node: Node, chunk:
 
 def inner_looped(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
-    plan = spec.looped_plan
+    plan = s.looped
     width = s.chunk * s.unroll
     full_end = spec.cols // width * width
     tail = spec.cols - full_end
@@ -266,7 +266,7 @@ def _online_pass(
     reductions of round r ride along. The tail is one masked tile as wide as the loop's,
     so it updates the same lane state."""
     spec, s, w = kw.spec, kw.s, kw.w
-    plan = spec.looped_plan
+    plan = s.looped
     pairs = plan.pairs_in(rounds, spec)
     reds = plan.reductions(rounds, spec)
     maxes = list({id(p.max): p.max for p in pairs}.values())
@@ -378,18 +378,11 @@ def pointwise(kw: TritonKernelWriter) -> str:
     return w.text()
 
 
-def workspaces(kw_spec, schedule) -> list[str]:
-    """Names of the fp32/int64 partial-sum buffers a split outer reduction needs."""
-    if schedule.kind != "outer_reduction" or schedule.split_rows == 1:
-        return []
-    return [f"ws_{n.out.name}" for n in kw_spec.reductions]
-
-
 def outer_reduction(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     kw.row_mask = True
     split = s.split_rows
-    ws = workspaces(spec, s)
+    ws = [buf.name for buf in s.workspaces]
     extra = [f"{name}_ptr" for name in ws]
     chunk = Chunk(None, f"tl.program_id(0) * {s.chunk} + ", s.chunk, spec.cols % s.chunk != 0)
     em = Emitter(kw)

@@ -1,4 +1,4 @@
-"""Render a KernelSpec + Schedule as Triton source.
+"""The Triton kernel writer: prints a KernelPlan.
 
 Every kernel is written for its exact input signature: sizes, strides and alignment are
 literals, so Triton sees the divisibility it needs to vectorize. FULL values of an inner
@@ -13,10 +13,8 @@ import math
 import torch
 
 from fuser.codegen.guards import check_comment, record_slot, static_check
-from fuser.codegen.header import header_lines
 from fuser.codegen.triton.templates import (
     FLOAT_MATH,
-    HELPERS,
     TL_DTYPE,
     helper_names,
     reduce_call,
@@ -28,7 +26,7 @@ from fuser.errors import CompileError
 from fuser.ir.dtypes import DType, accumulator, promote
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import COMPARE, ELEMENTWISE, LOGICAL, REDUCE, UNARY_BOOL, Op
-from fuser.schedulers.schedule import Schedule
+from fuser.plan.kernel_plan import KernelPlan
 from fuser.schedulers.spec import CHECK_PARAMS, Arg, KernelSpec
 from fuser.segmenter import Kind
 
@@ -99,14 +97,15 @@ class Chunk:
 
 
 class TritonKernelWriter:
-    def __init__(self, spec: KernelSpec, schedule: Schedule):
-        self.spec, self.s = spec, schedule
+    def __init__(self, plan: KernelPlan):
+        spec = plan.spec
+        self.spec, self.s = spec, plan
         self.w = Writer()
         self.args = {a.value.id: a for a in spec.args}
         self.out_ids = {a.value.id for a in spec.outputs}
         self.consts = {n.out.id: n for n in spec.nodes if n.op == Op.CONST}
         self.helpers: set[str] = set()
-        self.row_mask = not schedule.even_rows
+        self.row_mask = plan.row_guard
         self.interpreted = use_interpreter()
         self.reports: list[str] = []  # index_error calls waiting for flush_reports
 
@@ -384,30 +383,3 @@ def _cone(spec: KernelSpec, targets: list[Value], kinds: set[Kind], stop_depth: 
         need.add(id(n))
         stack += [v.id for v in n.inputs]
     return [n for n in spec.nodes if id(n) in need]
-
-
-def render_triton(spec: KernelSpec, schedule: Schedule) -> str:
-    """Triton source for one kernel (plus its finalize kernel for split reductions)."""
-    from fuser.codegen.triton.kernels import RENDERERS
-
-    if schedule.kind not in RENDERERS:
-        raise CompileError(f"cannot render a {schedule.kind} schedule for triton")
-    kw = TritonKernelWriter(spec, schedule)
-    body = RENDERERS[schedule.kind](kw)
-    if kw.reports:  # a check whose report no kernel body wrote: never silently unchecked
-        raise CompileError(f"{spec.name}: {schedule.kind} left index checks unreported")
-    top = Writer()
-    top.comment("\n".join(header_lines(spec, schedule, "triton")))
-    top.line("import triton")
-    top.line("import triton.language as tl")
-    top.line()
-    for name, value in CONSTANTS.items():
-        top.line(f"{name} = tl.constexpr({value})")
-    top.line()
-    helpers = set(kw.helpers)
-    for h in list(helpers):  # helpers that call helpers
-        helpers.update(helper_names(HELPERS[h].split("\n", 2)[2]))
-    for h in sorted(helpers):
-        top.lines += HELPERS[h].splitlines()
-        top.line()
-    return top.text() + "\n" + body

@@ -1,0 +1,71 @@
+"""What a backend is: the stages after the plan (render -> compile -> launch), the
+register estimate the schedulers choose with, and the limits they respect."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fuser.plan.kernel_plan import KernelPlan
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a backend's kernels can do, for the schedulers."""
+
+    max_threads: int = 1024
+    max_registers: int = 255
+    vector_bytes: int = 16  # widest access per thread
+    # a split column reduction may mask the row's last partial vector (False: the vector
+    # must divide the columns)
+    masked_outer_tail: bool = True
+    # the renderer writes the prefetching row loop (Schedule.programs), and the heuristic
+    # may choose it where at most this many blocks of the row kernel fit on an SM
+    prefetch: bool = True
+    prefetch_max_blocks_per_sm: int = 1
+
+
+class Backend:
+    """One code generator. Subclasses set `name`, `extension`, `limits` and implement the
+    stages; schedulers ask the object, nothing compares backend names."""
+
+    name: str = ""
+    extension: str = ""  # of its source files
+    limits: Limits = Limits()
+
+    def render(self, plan: KernelPlan) -> str:
+        """The kernel's source (with its finalize kernel, if the plan has one)."""
+        raise NotImplementedError
+
+    def estimate(self, plan: KernelPlan) -> int:
+        """Registers per thread the compiled kernel is expected to use."""
+        raise NotImplementedError
+
+    def compile(self, source: str, name: str, arch: str = "sm_90") -> Any:
+        """The source compiled (or loaded) for `arch`."""
+        raise NotImplementedError
+
+    def resources(self, kernel: Any, arch: str = "sm_90") -> dict:
+        """Registers, stack, spill and shared-memory bytes the real compiler reports for a
+        rendered Kernel, and this backend's estimate beside them; no GPU needed."""
+        raise NotImplementedError
+
+    def sass(self, kernel: Any, arch: str = "sm_90") -> str:
+        """A rendered Kernel's machine code for `arch`; no GPU needed."""
+        raise NotImplementedError
+
+    def launch(self, kernel: Any, tensors: list[Any], checks: list[Any]) -> None:
+        """Run a rendered Kernel on `tensors` on torch's current stream."""
+        raise NotImplementedError
+
+    def device_problem(self, device_type: str) -> str | None:
+        """Why this process cannot run this backend's kernels on `device_type`, or None."""
+        raise NotImplementedError
+
+    def per_thread_preference(self, per_thread: int, threads_per_row: int) -> float:
+        """Relative throughput of a persistent row with `per_thread` elements a thread,
+        as measured for this backend's kernels (1.0: no preference)."""
+        return 1.0
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"

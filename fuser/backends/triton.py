@@ -1,0 +1,51 @@
+"""The Triton backend: Triton source, compiled by Triton's JIT (or its CPU interpreter)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fuser.backends.base import Backend, Limits
+from fuser.codegen.triton.source import render_triton
+from fuser.config import use_interpreter
+from fuser.plan.kernel_plan import KernelPlan
+from fuser.runtime import resources, triton_backend
+from fuser.schedulers.registers import triton_registers
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    extension = "py"
+    # prefetching lost 5-7% at 2+ blocks/SM (12288, 16384) and won 12% at 1 (20480)
+    limits = Limits(masked_outer_tail=True, prefetch=True, prefetch_max_blocks_per_sm=1)
+
+    def render(self, plan: KernelPlan) -> str:
+        return render_triton(plan)
+
+    def estimate(self, plan: KernelPlan) -> int:
+        return triton_registers(plan)
+
+    def compile(self, source: str, name: str, arch: str = "sm_90") -> Any:
+        """The module holding the @triton.jit kernel; Triton compiles it at first launch."""
+        return triton_backend.load_module(source, use_interpreter())
+
+    def resources(self, kernel: Any, arch: str = "sm_90") -> dict:
+        return {**resources.triton_resources(kernel, arch), "estimate": self.estimate(kernel.plan)}
+
+    def sass(self, kernel: Any, arch: str = "sm_90") -> str:
+        return resources.triton_sass(kernel, arch)
+
+    def launch(self, kernel: Any, tensors: list[Any], checks: list[Any]) -> None:
+        kernel._launch_triton(tensors, checks)
+
+    def device_problem(self, device_type: str) -> str | None:
+        return triton_backend.device_problem(device_type)
+
+    def per_thread_preference(self, per_thread: int, threads_per_row: int) -> float:
+        # H100 sweep of the seed fusion (benchmarks/results/h100-2026-11-21-sweep1): 8-32
+        # elements a thread best; fewer leave loads unoverlapped, more grow registers
+        if per_thread < 8:
+            return 0.9
+        if per_thread > 32:
+            return 0.97 ** math.log2(per_thread / 32)
+        return 1.0

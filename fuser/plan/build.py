@@ -1,0 +1,160 @@
+"""From a Schedule to a KernelPlan: one function per scheduler kind, the shared parts once.
+
+What used to be decided inside the CUDA renderer lives here: the tail chunk's per-thread
+width, each argument's access width, and which row values a persistent kernel keeps in
+registers between its passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fuser.ir.dtypes import accumulator
+from fuser.ir.graph import Value
+from fuser.ir.ops import REDUCE, Op
+from fuser.plan.kernel_plan import KernelPlan, RowPass, Workspace
+from fuser.schedulers.online import looped_plan
+from fuser.schedulers.schedule import Schedule
+from fuser.schedulers.spec import KernelSpec, access_width
+from fuser.segmenter import Kind
+
+PER_THREAD = (Kind.ROW, Kind.SCALAR)
+
+
+def tail_vector(s: Schedule) -> int:
+    """Elements per thread of a persistent row's tail chunk: the tail's width spread over
+    the row's threads, at most a vector, at least 1 (0 without a tail)."""
+    if not s.tail:
+        return 0
+    return max(1, min(s.vector, s.tail // s.threads_per_row))
+
+
+def recomputed(spec: KernelSpec) -> frozenset[int]:
+    """Values that depend on no FULL input (a broadcast, an iota, a column or row value):
+    cheaper to recompute in every pass than to keep in registers."""
+    cheap: set[int] = {a.value.id for a in spec.inputs if a.kind != Kind.FULL}
+    for n in spec.nodes:
+        if n.op in REDUCE or n.op == Op.CONST or all(v.id in cheap for v in n.inputs):
+            cheap.update(v.id for v in n.outputs)
+    return frozenset(cheap)
+
+
+def row_passes(spec: KernelSpec) -> tuple[tuple[RowPass, ...], tuple[tuple[int, int], ...]]:
+    """The passes of an inner persistent kernel (pass d runs after reduction round d) and
+    the values kept in registers, with the pass that writes them. A FULL value is computed
+    in the first pass that needs it; if a later pass needs it too, it is kept (the
+    persistent buffer). Values that depend on no FULL input are recomputed instead."""
+    consts = {n.out.id for n in spec.nodes if n.op == Op.CONST}
+    producer = {v.id: n for n in spec.nodes for v in n.outputs}
+    cheap = recomputed(spec)
+    placed: dict[int, int] = {}
+    kept: dict[int, int] = {}
+    passes = []
+    for d in range(spec.rounds + 1):
+        reductions = tuple(n for n in spec.reductions if spec.depth[n.out.id] == d + 1)
+        targets: list[Value] = [n.inputs[0] for n in reductions]
+        targets += [
+            a.value
+            for a in spec.outputs
+            if a.kind in (Kind.FULL, Kind.COL) and spec.depth[a.value.id] == d
+        ]
+        need: set[int] = set()
+        stack = list(targets)
+        while stack:
+            v = stack.pop()
+            if v.id in consts or spec.kind(v) in PER_THREAD:
+                continue
+            if v.id in placed and placed[v.id] < d:
+                kept[v.id] = placed[v.id]
+                continue
+            if v.id not in cheap:
+                placed[v.id] = d
+            n = producer.get(v.id)
+            if n is None or id(n) in need:
+                continue
+            need.add(id(n))
+            stack += list(n.inputs)
+        nodes = tuple(n for n in spec.nodes if id(n) in need)
+        passes.append(RowPass(d, nodes, reductions))
+    return tuple(passes), tuple(sorted(kept.items()))
+
+
+def _packs(spec: KernelSpec, widths: set[int]) -> tuple[tuple[str, int, int], ...]:
+    return tuple(
+        (a.name, w, access_width(spec, a, w)) for a in spec.args for w in sorted(widths) if w
+    )
+
+
+def _workspaces(spec: KernelSpec, s: Schedule) -> tuple[Workspace, ...]:
+    if s.split_rows == 1:
+        return ()
+    return tuple(
+        Workspace(f"ws_{n.out.name}", accumulator(n.inputs[0].dtype), n) for n in spec.reductions
+    )
+
+
+def _common(spec: KernelSpec, s: Schedule, **fields: object) -> KernelPlan:
+    base: dict = dict(
+        kind=s.kind,
+        rows=s.rows,
+        cols=s.cols,
+        vector=s.vector,
+        threads_per_row=s.threads_per_row,
+        rows_per_block=s.rows_per_block,
+        num_warps=s.num_warps,
+        persistent_batch=s.persistent_batch,
+        tail=s.tail,
+        tail_vector=0,
+        unroll=s.unroll,
+        split_rows=s.split_rows,
+        programs=s.programs,
+        index_bits=s.index_bits,
+        max_registers=s.max_registers,
+        grid=s.grid,
+        row_guard=not s.even_rows,
+        col_guard=spec.cols % s.chunk != 0,
+        packs=_packs(spec, {s.vector}),
+        spec=spec,
+        schedule=s,
+    )
+    return KernelPlan(**(base | fields))
+
+
+def plan_pointwise(spec: KernelSpec, s: Schedule) -> KernelPlan:
+    return _common(spec, s)
+
+
+def plan_inner_persistent(spec: KernelSpec, s: Schedule) -> KernelPlan:
+    tv = tail_vector(s)
+    passes, kept = row_passes(spec)
+    covered = s.persistent_batch * s.chunk + s.threads_per_row * tv
+    return _common(
+        spec,
+        s,
+        tail_vector=tv,
+        col_guard=covered > spec.cols,
+        packs=_packs(spec, {s.vector, tv}),
+        passes=passes,
+        kept=kept,
+    )
+
+
+def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
+    return _common(spec, s, looped=looped_plan(spec))
+
+
+def plan_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
+    return _common(spec, s, row_guard=True, workspaces=_workspaces(spec, s))
+
+
+PLANNERS: dict[str, Callable[[KernelSpec, Schedule], KernelPlan]] = {
+    "pointwise": plan_pointwise,
+    "inner_persistent": plan_inner_persistent,
+    "inner_looped": plan_inner_looped,
+    "outer_reduction": plan_outer,
+}
+
+
+def make_plan(spec: KernelSpec, schedule: Schedule) -> KernelPlan:
+    """The KernelPlan of `schedule` for `spec`."""
+    return PLANNERS[schedule.kind](spec, schedule)

@@ -1,0 +1,173 @@
+"""KernelPlan: one kernel as both renderers print it, decided once.
+
+A Schedule says how to cover the [rows, cols] domain; a KernelPlan is that choice worked
+out into everything a renderer would otherwise re-derive: per-thread layout of the tail
+chunk, the width of every argument's accesses, which row values are kept in registers
+between the passes and which are recomputed, the passes over the row, the predicates, the
+workspaces and the finalize launch, the grid. It is frozen, backend-neutral and prints as
+text (`kernel.explain()` shows it); the register estimate reads it.
+
+Where a backend ignores a field, the field says so (`IGNORED_BY`): Triton chooses its own
+per-thread layout and register allocation, so it reads the tiles, not how a thread walks
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fuser.ir.dtypes import DType
+from fuser.ir.graph import Node
+from fuser.schedulers.online import LoopedPlan
+from fuser.schedulers.schedule import Schedule
+from fuser.schedulers.spec import Arg, KernelSpec
+
+# plan fields a backend does not print, and why (item 4 of issue 17: every field is read
+# by both renderers or says why one ignores it)
+IGNORED_BY = {
+    "triton": {
+        "tail_vector": "Triton lays the tail tile out over the threads itself",
+        "packs": "Triton vectorizes what its alignment analysis proves (tl.multiple_of)",
+        "kept": "Triton keeps a chunk's SSA values live as long as a later pass uses them",
+    },
+}
+
+
+@dataclass(frozen=True)
+class RowPass:
+    """One pass over a persistent row's registers: the nodes it computes (element-wise
+    and the reductions it feeds), run after reduction round `index`."""
+
+    index: int
+    nodes: tuple[Node, ...]
+    reductions: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A partial-sum buffer of a split column reduction: split_rows x cols of `dtype`."""
+
+    name: str
+    dtype: DType
+    reduction: Node
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    kind: str  # the scheduler kind: pointwise | inner_persistent | inner_looped | outer_reduction
+    rows: int
+    cols: int
+    # tiling: a block covers rows_per_block rows x chunk columns, chunk = tpr * vector
+    vector: int
+    threads_per_row: int
+    rows_per_block: int
+    num_warps: int
+    persistent_batch: int
+    tail: int  # columns of the tail chunk (0: the chunks divide the row)
+    tail_vector: int  # elements per thread of the tail chunk (0: no tail)
+    unroll: int
+    split_rows: int
+    programs: int  # resident programs of a prefetching row loop (0: one program per block)
+    index_bits: int
+    max_registers: int | None
+    grid: tuple[int, ...]
+    # predicates: a partial last row block; a chunk reaching past the row end
+    row_guard: bool
+    col_guard: bool
+    # elements per access of each tensor argument in a slot of each width the kernel uses
+    packs: tuple[tuple[str, int, int], ...]
+    # inner persistent: the passes over the row, and the values kept in registers (value
+    # id -> the pass writing them); every other row value is recomputed where it is used
+    passes: tuple[RowPass, ...] = ()
+    kept: tuple[tuple[int, int], ...] = ()
+    # inner looped: the passes over the row and the online max-and-sum pairs
+    looped: LoopedPlan | None = None
+    workspaces: tuple[Workspace, ...] = ()
+    spec: KernelSpec = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    schedule: Schedule = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    @property
+    def chunk(self) -> int:
+        return self.threads_per_row * self.vector
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32
+
+    @property
+    def finalize(self) -> bool:
+        """A second launch adds the workspaces' partial sums in a fixed order."""
+        return bool(self.workspaces)
+
+    @property
+    def chunk_count(self) -> int:
+        return self.persistent_batch + (1 if self.tail else 0)
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """(offset, size) of every chunk of a row; the last may be a smaller tail."""
+        out = [(i * self.chunk, self.chunk) for i in range(self.persistent_batch)]
+        if self.tail:
+            out.append((self.persistent_batch * self.chunk, self.tail))
+        return out
+
+    def pack(self, a: Arg, width: int) -> int:
+        """Elements per access of `a` in a slot of `width` elements."""
+        for name, w, p in self.packs:
+            if name == a.name and w == width:
+                return p
+        raise KeyError(f"the plan has no access width for {a.name} in a slot of {width}")
+
+    def kept_by(self, index: int) -> set[int]:
+        return {vid for vid, d in self.kept if d == index}
+
+    def text(self) -> str:
+        lines = [f"plan: {self.kind}, grid {self.grid}, {self.threads} threads a block"]
+        tile = (
+            f"  tile: {self.rows_per_block} row(s) x {self.chunk} columns "
+            f"({self.threads_per_row} threads x vector {self.vector})"
+        )
+        if self.kind == "inner_persistent":
+            tile += f"; {self.persistent_batch} chunk(s) in registers"
+            if self.tail:
+                tile += f" + a tail of {self.tail} ({self.tail_vector} a thread)"
+        if self.unroll > 1:
+            tile += f"; {self.unroll} chunks an iteration"
+        lines.append(tile)
+        if self.programs:
+            lines.append(f"  row loop: {self.programs} resident programs prefetch their next row")
+        guards = [
+            g
+            for g, on in (
+                ("last row block", self.row_guard),
+                ("chunks past the row end", self.col_guard),
+            )
+            if on
+        ]
+        lines.append("  predicates: " + (", ".join(guards) if guards else "none (exact split)"))
+        narrow = sorted({f"{n} x{p}" for n, w, p in self.packs if w == self.vector and p < w})
+        if narrow:
+            lines.append("  narrower accesses: " + ", ".join(narrow))
+        names = {v.id: v.name for n in self.spec.nodes for v in n.outputs} if self.spec else {}
+        for p in self.passes:
+            reds = ", ".join(n.out.name for n in p.reductions) or "the outputs"
+            keep = ", ".join(sorted(names.get(v, str(v)) for v in self.kept_by(p.index)))
+            lines.append(
+                f"  pass {p.index}: {len(p.nodes)} ops -> {reds}"
+                + (f"; keeps {keep} in registers" if keep else "")
+            )
+        if self.looped is not None:
+            lines.append(
+                f"  passes over the row: {self.looped.count}"
+                + (
+                    f" ({len(self.looped.pairs)} online max-and-sum pair(s))"
+                    if self.looped.pairs
+                    else ""
+                )
+            )
+        for ws in self.workspaces:
+            lines.append(f"  workspace {ws.name}: {self.split_rows} x {self.cols} {ws.dtype.value}")
+        if self.finalize:
+            lines.append(
+                f"  finalize launch: grid ({self.grid[0]},), adds {self.split_rows} partials"
+            )
+        return "\n".join(lines)
