@@ -44,6 +44,7 @@ class CallProgram:
         self.fn: Any = None
         self.source = ""
         self.steps: list[Step] = []
+        self.returned: list[str] = []  # the names the program returns
         self.memory = MemoryPlan()
         self.inlined: list[Any] = []  # records of the regions whose kernels it launches
         self.note = ""  # why there is no program, when there is none
@@ -87,6 +88,7 @@ class CallProgram:
             warnings.warn(f"fuser: call program of {self.name} {self.note}", stacklevel=3)
             return
         self.steps, self.memory, self.inlined = steps, memory, b.inlined
+        self.returned = b.result_uses
         self.source, self.fn = emitted.source, emitted.fn
         for record in b.inlined:
             record.program = self
