@@ -244,3 +244,30 @@ def test_program_frees_every_local_it_does_not_return():
     assert defined - returned <= freed | taken
     assert not (freed & returned)
     assert NEVER > len(p.steps)
+
+
+def test_a_compiled_triton_kernel_is_launched_as_its_own_wrapper_launches_it():
+    """On a GPU the program calls Triton's launcher directly (kernel.py's fast path); no
+    GPU here, so a stand-in launcher records what the emitted line passes."""
+    from types import SimpleNamespace
+
+    from fuser.dynamo.program.regions import _launch
+    from fuser.dynamo.program.steps import Names
+
+    got = []
+    kernel = SimpleNamespace(
+        name="fx_k0",
+        backend="triton",
+        _fast=[(lambda *a: got.append(a), "FN", "META", (5, 1, 1))],
+        workspace_dtypes=[torch.float32],
+        schedule=SimpleNamespace(split_rows=2),
+        spec=SimpleNamespace(cols=3, rows=11, checks=()),
+    )
+    builder = SimpleNamespace(names=Names({"a", "b"}))
+    alloc, launch = _launch(kernel, ["a", "b"], builder, torch.device("cpu"))
+    assert alloc.kind == "alloc" and alloc.alloc == ((6,), (1,), torch.float32)
+    ws = alloc.defines[0]
+    assert launch.uses == ("a", "b", ws) and launch.on_stream
+    scope = dict(builder.names.globals, a="A", b="B", stream=99, **{ws: "WS"})
+    exec(launch.code, scope)
+    assert got == [(5, 1, 1, 99, "FN", "META", None, None, None, "A", "B", "WS", 11)]

@@ -22,8 +22,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from fuser.config import config, debug_print
 from fuser.dynamo.context import NotLowerable
 from fuser.dynamo.pad_mm import pad_matmuls
-from fuser.dynamo.program import CallProgram
 from fuser.dynamo.partition import form_regions
+from fuser.dynamo.program import CallProgram
 from fuser.dynamo.region import (
     FusedRegion,
     RegionPlan,

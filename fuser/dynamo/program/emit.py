@@ -54,8 +54,8 @@ def emit_program(
     with another alignment runs `fallback`, the old path, which plans for it."""
     g = names.globals
     g["dev"] = device
-    fast = any("stream, " in s.code for s in steps if s.kind == "launch")
-    body = [f"{names.bind(poll, 'poll')}()  # a bad index a GPU kernel reported since the last call"]
+    fast = any(s.on_stream for s in steps)
+    body = [f"{names.bind(poll, 'poll')}()  # a bad index a kernel reported since the last call"]
     if inputs:
         body.append(f"{', '.join(inputs)}, = args")
     if checked:

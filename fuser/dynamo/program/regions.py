@@ -133,5 +133,5 @@ def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
         f = b.names.bind(function, f"{kernel.name}{part}_fn")
         m = b.names.bind(packed, f"{kernel.name}{part}_meta")
         lines.append(f"{r}({gx}, {gy}, {gz}, stream, {f}, {m}, None, None, None, {tail})")
-    steps.append(Step("launch", (), uses, "\n".join(lines)))
+    steps.append(Step("launch", (), uses, "\n".join(lines), on_stream=True))
     return steps

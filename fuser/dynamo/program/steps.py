@@ -44,6 +44,7 @@ class Step:
     "call" (ATen or Python), "view", "region" (a region module, called as before).
     code: the line, except for allocations, which emit.py writes.
     aliases: names whose storage the defined names may share; empty: fresh storage.
+    on_stream: a direct launch, whose code reads `stream` (set once per call).
     """
 
     kind: str
@@ -52,6 +53,7 @@ class Step:
     code: str = ""
     aliases: tuple[str, ...] = ()
     alloc: tuple | None = None
+    on_stream: bool = False  # the code reads `stream`, torch's current raw stream
 
 
 class Names:
@@ -104,8 +106,10 @@ def render(arg: Any, names: Names, local: dict[fx.Node, str], uses: list[str]) -
 
 
 def _op_name(target: Any) -> str:
-    return str(target).replace(".", "_") if isinstance(target, torch._ops.OpOverload) else (
-        getattr(target, "__name__", "fn")
+    return (
+        str(target).replace(".", "_")
+        if isinstance(target, torch._ops.OpOverload)
+        else (getattr(target, "__name__", "fn"))
     )
 
 
