@@ -10,6 +10,10 @@ Dynamo graphs and recompilations. JSON lines go to --out as each implementation 
 beside it: fuser's explain report (full and brief), a CUDA profile of a few steps per
 implementation, and a check pass (each fused region also run in ATen and compared, on real
 GPU data; gpt2_fuser_check.txt).
+
+`--impls eager,inductor,fuser,fuser-old` adds fuser without its call programs (each graph
+run the old way: the FX graph interpreted, a module call per fused region), for an A/B of
+the call program in the same process.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from examples.train_gpt2 import (  # noqa: E402
     run_training,
     summary,
 )
+from fuser.config import config as fuser_config  # noqa: E402
 from fuser.examples.gpt2 import get_config  # noqa: E402
 
 LOSS_TOL = 0.05  # absolute: bf16 keeps ~3 significant digits of a loss near 10
@@ -117,6 +122,17 @@ def host_profile(kept: dict, name: str, batch: tuple, steps: int, path: Path) ->
 
 
 def run_impl(impl: str, args: argparse.Namespace, batches: list, out_dir: Path) -> RunResult:
+    """One implementation's run; "fuser-old" is fuser with config.call_program off (the
+    graphs run the old way: fuser/dynamo/program/), its profiles included."""
+    program = fuser_config.call_program
+    fuser_config.call_program = program and impl != "fuser-old"
+    try:
+        return _run_impl(impl, args, batches, out_dir)
+    finally:
+        fuser_config.call_program = program
+
+
+def _run_impl(impl: str, args: argparse.Namespace, batches: list, out_dir: Path) -> RunResult:
     torch._dynamo.reset()  # each implementation compiles from scratch, frees the last one's
     model = fresh_model(args.config, args.device, args.vocab, args.seed)
     kept: dict = {}
@@ -124,13 +140,14 @@ def run_impl(impl: str, args: argparse.Namespace, batches: list, out_dir: Path) 
     try:
         res = run_training(
             model,
-            impl,
+            "fuser" if impl == "fuser-old" else impl,
             batches,
             config=args.config,
             warmup=args.warmup,
             log=args.verbose,
             keep=kept,
         )
+        res.backend = impl
     except Exception:
         res = RunResult(impl, args.config, args.batch, args.seq, args.steps, args.device, "bf16")
         res.error = traceback.format_exc()[-4000:]
@@ -206,6 +223,10 @@ def parity(results: dict[str, RunResult]) -> dict[str, Any]:
     ro = results.get("inductor-ro")  # Inductor with mode="reduce-overhead"
     if ro and fus and not ro.error and not fus.error:
         out["fuser_speedup_vs_inductor_ro"] = ro.ms_per_step / fus.ms_per_step
+    old = results.get("fuser-old")
+    if old and fus and not old.error and not fus.error:  # the call program's own effect
+        out["fuser_speedup_vs_fuser_old"] = old.ms_per_step / fus.ms_per_step
+        out["fuser_memory_vs_fuser_old"] = fus.peak_mem_gib / old.peak_mem_gib
     return out
 
 

@@ -7,6 +7,10 @@ FUSER_CACHE_DIR  where compiled kernels are cached on disk (default ~/.cache/fus
 FUSER_DISABLE_DISK_CACHE  1 keeps the cache in memory only
 FUSER_PAD_MATMULS  0 leaves torch.compile(backend="fuser") graphs' unaligned matmuls as they
               are (default 1: pad them, fuser/dynamo/pad_mm.py)
+FUSER_CALL_PROGRAM  0 runs torch.compile(backend="fuser") graphs the old way: the FX graph
+              interpreted node by node, a module call per fused region (default 1: a
+              generated call program per graph, fuser/dynamo/program/); config.call_program
+              switches it at any call, for an A/B in one process
 FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
               (overflow, invalid value, divide by zero) from generated kernels: the test
               suite's check that a kernel computes no inf or NaN that eager does not (default
@@ -29,6 +33,7 @@ class Config:
     disk_cache: bool
     pad_matmuls: bool
     fp_warnings: bool
+    call_program: bool
 
 
 def _read() -> Config:
@@ -39,6 +44,7 @@ def _read() -> Config:
         disk_cache=os.environ.get("FUSER_DISABLE_DISK_CACHE", "0") in ("", "0"),
         pad_matmuls=os.environ.get("FUSER_PAD_MATMULS", "1") not in ("", "0"),
         fp_warnings=os.environ.get("FUSER_FP_WARNINGS", "0") not in ("", "0"),
+        call_program=os.environ.get("FUSER_CALL_PROGRAM", "1") not in ("", "0"),
     )
 
 

@@ -39,7 +39,7 @@ def _brief_kernels(r: RegionRecord) -> list[str]:
 
 def region_text(r: RegionRecord, source: bool = False, brief: bool = False) -> str:
     head = f"  region {r.name}: {r.ops}  ({r.inputs} inputs, {r.outputs} outputs"
-    head += f", {r.calls} calls)" if r.calls else ")"
+    head += f", {r.total_calls} calls)" if r.total_calls else ")"
     lines = [head]
     if r.fallback is not None:
         lines.append(f"    runs as ATen ops: {r.fallback}")
@@ -83,6 +83,10 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
     lines += [f"  matmul {note}" for note in record.matmuls_padded]
     lines += [region_text(r, source, brief) for r in record.regions]
     lines.append(fallbacks_text(record))
+    if record.program is not None:
+        lines.append("  " + record.program.summary())
+        if source and record.program.source:
+            lines.append(_indent(record.program.source))
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from fuser.config import config, debug_print
 from fuser.dynamo.context import NotLowerable
 from fuser.dynamo.pad_mm import pad_matmuls
 from fuser.dynamo.partition import form_regions
+from fuser.dynamo.program import CallProgram
 from fuser.dynamo.region import (
     FusedRegion,
     RegionPlan,
@@ -62,6 +63,7 @@ class GraphRecord:
     error: str = ""  # set when lowering failed and the whole graph runs as ATen ops
     aten_graph: str = ""
     module: fx.GraphModule | None = field(default=None, repr=False)
+    program: Any = field(default=None, repr=False)  # the CallProgram, when there is one
 
     @property
     def fused(self) -> list[RegionRecord]:
@@ -278,11 +280,8 @@ def lower_graph(
     record = GraphRecord(kind, name, sum(1 for n in gm.graph.nodes if n.op == "call_function"))
     record.aten_graph = "\n".join(describe(n) for n in gm.graph.nodes if n.op == "call_function")
     try:
-        work = copy_module(gm)  # the passes edit the copy; gm stays the ATen fallback
-        if config.pad_matmuls:
-            record.matmuls_padded = pad_matmuls(work)
-        record.views_moved = sink_row_views(work.graph)
-        planned = _plan_regions(work, record, strict, check)
+        work = prepare(gm, record)
+        planned = _plan_regions(work, record, strict, check)  # partition, then regions
         new_gm = rewrite(work, planned)
     except Exception as e:
         if strict:
@@ -297,5 +296,19 @@ def lower_graph(
         warnings.warn(f"fuser: {kind} graph {name} runs as ATen ops: {record.error}", stacklevel=2)
         new_gm = gm
     record.module = new_gm
+    run = boxed(new_gm)
+    if not record.error and not is_symbolic(new_gm):
+        # the program is built at the first call, from what that call shows
+        run = record.program = CallProgram(new_gm, name, run, strict)
     record.compile_seconds = time.perf_counter() - t0
-    return boxed(new_gm), record
+    return run, record
+
+
+def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
+    """The first stage: a copy of gm (gm stays the ATen fallback) with its unaligned
+    matmuls padded and its row views moved out from between fusible ops."""
+    work = copy_module(gm)
+    if config.pad_matmuls:
+        record.matmuls_padded = pad_matmuls(work)
+    record.views_moved = sink_row_views(work.graph)
+    return work

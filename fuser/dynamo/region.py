@@ -38,6 +38,12 @@ class RegionRecord:
     restrided: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)  # found by check mode
+    program: Any = field(default=None, repr=False)  # the call program that launches it
+
+    @property
+    def total_calls(self) -> int:
+        """Calls through its module plus calls of the program that inlines it."""
+        return self.calls + (self.program.calls if self.program is not None else 0)
 
     @property
     def fused(self) -> bool:

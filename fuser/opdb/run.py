@@ -172,7 +172,7 @@ def _fused(backend: FuserBackend) -> tuple[bool, list[str]]:
             if g.error:
                 reasons.append(f"graph lowering failed: {g.error}")
             for r in g.regions:
-                if r.fused and r.calls:
+                if r.fused and r.total_calls:
                     ran = True
                 elif r.fallback is not None:
                     reasons.append(f"region {r.ops}: {r.fallback}")

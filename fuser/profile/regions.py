@@ -17,6 +17,7 @@ from typing import Any
 
 from torch.autograd.profiler import record_function
 
+from fuser.config import config
 from fuser.ir.ops import LEAF, MOVEMENT, Op
 
 REGION_MARK = "fuser.region#"
@@ -142,7 +143,9 @@ def kernel_index(table: dict[str, dict]) -> dict[str, dict]:
 
 @contextmanager
 def marked(captures: list[Any]):  # noqa: ANN201 - a context manager
-    """Within it, each fused region's call is a profiler annotation named after it."""
+    """Within it, each fused region's call is a profiler annotation named after it. The
+    marks come from the region modules' hooks, so the graphs run the old way meanwhile
+    (a call program launches its regions' kernels without calling their modules)."""
     handles, open_marks = [], {}
 
     def enter(mod: Any, args: Any) -> None:
@@ -158,8 +161,10 @@ def marked(captures: list[Any]):  # noqa: ANN201 - a context manager
     for _, _, mod in region_modules(captures):
         handles.append(mod.register_forward_pre_hook(enter))
         handles.append(mod.register_forward_hook(leave, always_call=True))
+    program, config.call_program = config.call_program, False
     try:
         yield
     finally:
+        config.call_program = program
         for h in handles:
             h.remove()

@@ -1,0 +1,116 @@
+"""The call program: one generated Python function per lowered AOTAutograd graph.
+
+The graph's first call runs the old way, watched (observe.py); from what it saw the
+program is built in three stages, each printable: steps (steps.py, regions.py: FX nodes
+to launches, ATen calls and views), a memory plan (memory.py), source (emit.py). Every
+later call runs the generated function, which launches the kernels with their arguments
+and grids fixed, calls ATen ops directly, resolves views once and frees each buffer
+after its last use. config.call_program (FUSER_CALL_PROGRAM=0) turns it off, at any
+call: the old path (the rewritten FX graph, a module per region) is always kept.
+
+What each call still checks, and why: a bad index reported by a kernel (one poll), the
+alignment of the inputs whose data reaches a kernel (kernels are specialized to it and
+Dynamo's guards do not fix it), and whether a profiler hooked Triton's launches. Shapes,
+strides, dtypes and devices are not checked: Dynamo's guards fix them for the forward
+graph's inputs (dynamic=False; graphs with symbolic sizes never get a program), and
+AOTAutograd gives the backward its tangents in the traced layout; every other value is
+made by the program from those.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from torch import fx
+
+from fuser.config import config, debug_print
+from fuser.dynamo.program.emit import emit_program
+from fuser.dynamo.program.memory import MemoryPlan, plan_memory, storage_roots
+from fuser.dynamo.program.observe import watch_first_call
+from fuser.dynamo.program.steps import Step, StepBuilder
+
+# give a dead kernel output's memory to the next kernel output of its size (memory.py)
+REUSE = True
+
+
+class CallProgram:
+    """The boxed callable lower_graph returns: the old path on the first call (and
+    whenever config.call_program is off), the generated program after it."""
+
+    def __init__(self, gm: fx.GraphModule, name: str, old: Any, strict: bool):
+        self._boxed_call = True  # an instance attribute: wrappers copy __dict__
+        self.gm, self.name, self.old, self.strict = gm, name, old, strict
+        self.fn: Any = None
+        self.source = ""
+        self.steps: list[Step] = []
+        self.returned: list[str] = []  # the names the program returns
+        self.memory = MemoryPlan()
+        self.inlined: list[Any] = []  # records of the regions whose kernels it launches
+        self.note = ""  # why there is no program, when there is none
+        self.calls = 0
+        self.declined = 0  # calls the program handed to the old path (another alignment)
+
+    def __call__(self, args: list) -> Any:
+        if self.fn is not None and config.call_program:
+            self.calls += 1
+            return self.fn(args)
+        if self.fn is None and not self.note and config.call_program:
+            result, seen = watch_first_call(self.gm, args)
+            self._build(seen)
+            return result
+        return self.old(args)
+
+    def _decline(self, args: list) -> Any:
+        self.declined += 1
+        return self.old(args)
+
+    def _build(self, seen: Any) -> None:
+        try:
+            b = StepBuilder(self.gm, seen)
+            steps = b.build()
+            memory = plan_memory(steps, b.inputs, b.result_uses, reuse=REUSE)
+            emitted = emit_program(
+                self.name,
+                steps,
+                memory,
+                b.names,
+                b.inputs,
+                b.result,
+                _checked_alignment(steps, b, seen),
+                seen.device(),
+                self._decline,
+            )
+        except Exception as e:
+            if self.strict:
+                raise
+            self.note = f"not built ({type(e).__name__}: {str(e)[:300]}); the old path runs"
+            warnings.warn(f"fuser: call program of {self.name} {self.note}", stacklevel=3)
+            return
+        self.steps, self.memory, self.inlined = steps, memory, b.inlined
+        self.returned = b.result_uses
+        self.source, self.fn = emitted.source, emitted.fn
+        for record in b.inlined:
+            record.program = self
+        debug_print(2, f"[fuser.dynamo] call program of {self.name}:\n{self.source}")
+
+    def summary(self) -> str:
+        if self.fn is None:
+            return f"call program: {self.note or 'built at the first call'}"
+        count = {k: sum(s.kind == k for s in self.steps) for k in ("launch", "call", "view")}
+        regions = sum(s.kind == "region" for s in self.steps)
+        return (
+            f"call program {self.name}: {count['launch']} kernel launches "
+            f"({len(self.inlined)} regions inlined, {regions} called as modules), "
+            f"{count['call']} other calls, {count['view']} views resolved, "
+            f"{self.memory.frees} frees, {len(self.memory.reuse)} buffers reused; "
+            f"{self.calls} calls ({self.declined} handed to the old path)"
+        )
+
+
+def _checked_alignment(steps: list[Step], b: StepBuilder, seen: Any) -> dict[str, int]:
+    """Graph inputs whose storage a kernel reads or writes, with the alignment seen."""
+    roots = storage_roots(steps, b.inputs)
+    used = {r for s in steps if s.kind == "launch" for u in s.uses for r in roots.get(u, ())}
+    layout = {n.name: seen.layouts.get(n) for n in b.gm.graph.nodes if n.op == "placeholder"}
+    return {n: layout[n].align for n in b.inputs if n in used and layout.get(n) is not None}

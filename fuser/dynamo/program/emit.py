@@ -1,0 +1,103 @@
+"""Print the call program: steps and memory plan -> Python source -> a function.
+
+The source is meant to be read (explain shows it): one line per launch, ATen call or
+view, `del` where a buffer dies, a comment where a buffer is taken over.
+"""
+
+from __future__ import annotations
+
+import linecache
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fuser.dynamo.program.memory import MemoryPlan
+from fuser.dynamo.program.steps import Names, Step
+from fuser.runtime.checks import poll
+
+
+@dataclass
+class Emitted:
+    source: str
+    fn: Callable[[list], Any]
+
+
+def _lines(code: str) -> list[str]:
+    return code.splitlines()
+
+
+def _alloc(s: Step, names: Names, reused: str | None) -> list[str]:
+    name = s.defines[0]
+    shape, stride, dtype = s.alloc  # type: ignore[misc]
+    if reused is not None:
+        return [f"{name} = {reused}  # takes over the dead {reused}'s memory", f"del {reused}"]
+    empty = names.bind(torch.empty_strided, "empty_strided")
+    dt = names.bind(dtype, str(dtype).removeprefix("torch."))
+    return [f"{name} = {empty}({shape}, {stride}, dtype={dt}, device=dev)"]
+
+
+def emit_program(
+    func: str,
+    steps: list[Step],
+    memory: MemoryPlan,
+    names: Names,
+    inputs: list[str],
+    result: str,
+    checked: dict[str, int],
+    device: torch.device | None,
+    fallback: Callable[[list], Any],
+) -> Emitted:
+    """The function `func(args)` running `steps` (boxed: it clears `args`). `checked`:
+    inputs whose pointer alignment (ptr & 15) the kernels were specialized to; a call
+    with another alignment runs `fallback`, the old path, which plans for it."""
+    g = names.globals
+    g["dev"] = device
+    fast = any(s.on_stream for s in steps)
+    body = [f"{names.bind(poll, 'poll')}()  # a bad index a kernel reported since the last call"]
+    if inputs:
+        body.append(f"{', '.join(inputs)}, = args")
+    if checked:
+        fb = names.bind(fallback, "old_path")
+        tests = [f"{n}.data_ptr() & 15" + (f" != {a}" if a else "") for n, a in checked.items()]
+        body += [
+            "# the kernels are specialized to their pointers' alignment, which Dynamo's",
+            "# guards do not fix: another one goes the old way, which plans for it",
+            "if (",
+            *[f"    {t}" + (" or" if i < len(tests) - 1 else "") for i, t in enumerate(tests)],
+            "):",
+            f"    return {fb}(args)",
+        ]
+    if fast:
+        from fuser.runtime.kernel import _launch_hooked
+
+        hooked = names.bind(_launch_hooked, "launch_hooked")
+        body += [
+            "# a profiler that hooks Triton's launches gets them through Triton's wrapper",
+            f"if {hooked}():",
+            f"    return {names.bind(fallback, 'old_path')}(args)",
+        ]
+    if inputs:
+        body.append("args.clear()  # each input is freed after its last use")
+    if fast:
+        raw = names.bind(torch._C._cuda_getCurrentRawStream, "raw_stream")
+        body.append(f"stream = {raw}({device.index if device and device.index else 0})")
+    body += _free(memory, -1)
+    for i, s in enumerate(steps):
+        if s.kind == "alloc":
+            body += _alloc(s, names, memory.reuse.get(i))
+        else:
+            body += _lines(s.code)
+        body += _free(memory, i)
+    body.append(f"return {result}")
+    source = f"def {func}(args):\n" + "\n".join("    " + line for line in body) + "\n"
+    filename = f"<fuser call program {func}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), g)
+    return Emitted(source, g[func])
+
+
+def _free(memory: MemoryPlan, i: int) -> list[str]:
+    dead = memory.free_after.get(i)
+    return [f"del {', '.join(dead)}"] if dead else []

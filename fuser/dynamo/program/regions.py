@@ -1,0 +1,137 @@
+"""A fused region inlined into the call program: its kernels' launches, written out.
+
+The region module (dynamo/region.py) does at every call what its plan already knows: it
+looks the plan up by the inputs' signature, allocates the outputs, launches, and then
+packs the outputs (a clone where one would alias another, a copy to ATen's strides). Here
+that is decided once, from the plan the first call chose, and written as steps. A region
+whose plan runs some of its ops as ATen calls (a segment that is not a kernel), or whose
+outputs are not all made by its kernels, is not inlined: the program calls its module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+
+from fuser.runtime.checks import check_args
+
+if TYPE_CHECKING:
+    from fuser.dynamo.program.steps import StepBuilder
+
+
+def restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """`t` with the strides ATen gives (a copy unless it has them already)."""
+    if t.stride() == stride:
+        return t
+    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
+
+
+def inline_region(
+    n: fx.Node, region: Any, plan: Any, outs: dict[int, fx.Node], b: StepBuilder
+) -> list | None:
+    """The steps that run `region` (called at node n) with `plan`, its CompiledFusion, or
+    None when it cannot be inlined. `outs`: the getitem node of each region output."""
+    from fuser.dynamo.program.steps import Step
+
+    kernels = [plan.kernels.get(seg.index) for seg in plan.segments]
+    if region.check or not kernels or any(k is None for k in kernels):
+        return None
+    inputs = [b.local[p] for p in n.args]
+    made = {vid for k in kernels for is_out, vid, _, _ in k.arg_plan if is_out}
+    if any(kind == "fd" and plan._output_ids[j] not in made for kind, j in region.slots):
+        return None  # an fd output that is an input or an ATen segment's result
+    device = b.seen.device()
+    # a kernel output that is a region output as it is gets that output's name
+    direct: dict[int, str] = {}
+    taken: set[int] = set()
+    for k_out, ((kind, j), layout) in enumerate(zip(region.slots, region.layouts)):
+        if kind == "fd" and j not in taken and layout is None and k_out in outs:
+            direct[plan._output_ids[j]] = outs[k_out].name
+        if kind == "fd":
+            taken.add(j)
+
+    steps: list[Step] = []
+    value: dict[int, str] = dict(zip(plan._input_ids, inputs))
+    for seg, kernel in zip(plan.segments, kernels):
+        args = []
+        for is_out, vid, shape, dtype in kernel.arg_plan:
+            if is_out:
+                name = value[vid] = direct.get(vid) or b.names.fresh("buf")
+                shape = tuple(int(s) for s in shape)
+                steps.append(Step("alloc", (name,), (), alloc=(shape, _contiguous(shape), dtype)))
+            else:
+                name = value[vid]
+                if (seg.index, vid) in plan.copied:  # not a 2D view: the plan copies it
+                    tmp = b.names.fresh("tmp")
+                    steps.append(
+                        Step("call", (tmp,), (name,), f"{tmp} = {name}.contiguous()", (name,))
+                    )
+                    name = tmp
+            args.append(name)
+        steps += _launch(kernel, args, b, device)
+
+    seen: set[int] = set()
+    for k_out, ((kind, j), layout) in enumerate(zip(region.slots, region.layouts)):
+        node = outs.get(k_out)
+        if kind == "fd":
+            first = j not in seen
+            seen.add(j)
+        if node is None:
+            continue
+        b.local[node] = node.name
+        if kind == "fd" and first and layout is None:
+            continue  # the kernel's buffer, named after the output
+        src = inputs[j] if kind == "in" else value[plan._output_ids[j]]
+        # an output never aliases an input or another output: the graph is functional
+        cloned = kind == "in" or not first
+        lines = [f"{node.name} = {src}.clone()"] if cloned else []
+        if layout is not None:
+            fn = b.names.bind(restride, "restride")
+            lines.append(f"{node.name} = {fn}({node.name if cloned else src}, {tuple(layout)})")
+        # restride returns its input when the strides already fit: then it aliases it
+        aliases = () if cloned else (src,)
+        steps.append(Step("call", (node.name,), (src,), "\n".join(lines), aliases))
+    return steps
+
+
+def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
+    """Steps that launch `kernel` on the tensors named `args` (its spec's order)."""
+    from fuser.dynamo.program.steps import Step
+
+    fast = kernel._fast if kernel.backend == "triton" else None
+    if fast is None:  # the interpreter, the CUDA backend: the kernel's own unchecked launch
+        k = b.names.bind(kernel, kernel.name)
+        return [Step("launch", (), tuple(args), f"{k}.launch_unchecked([{', '.join(args)}])")]
+    # Triton's compiled launcher, called as its own wrapper calls it (kernel.py); the
+    # program checks once per call that no profiler hooked the launches
+    steps = []
+    extra: list[str] = []
+    for dt in kernel.workspace_dtypes:
+        ws = b.names.fresh("ws")
+        n = kernel.schedule.split_rows * kernel.spec.cols
+        steps.append(Step("alloc", (ws,), (), alloc=((n,), (1,), dt)))
+        extra.append(ws)
+    uses = (*args, *extra)
+    if kernel.spec.checks:
+        record, flag = check_args(kernel, device)
+        extra += [b.names.bind(record, f"{kernel.name}_errors"), b.names.bind(flag, "error_flag")]
+    tail = ", ".join([*args, *extra, str(kernel.spec.rows)])
+    lines = []
+    for i, (run, function, packed, (gx, gy, gz)) in enumerate(fast):
+        part = "" if i == 0 else "_finalize"
+        r = b.names.bind(run, f"{kernel.name}{part}_run")
+        f = b.names.bind(function, f"{kernel.name}{part}_fn")
+        m = b.names.bind(packed, f"{kernel.name}{part}_meta")
+        lines.append(f"{r}({gx}, {gy}, {gz}, stream, {f}, {m}, None, None, None, {tail})")
+    steps.append(Step("launch", (), uses, "\n".join(lines), on_stream=True))
+    return steps
