@@ -12,7 +12,7 @@ import fuser
 from fuser.config import config
 from fuser.dynamo import FuserBackend
 from fuser.dynamo.program.memory import NEVER, plan_memory
-from fuser.dynamo.program.steps import Step
+from fuser.dynamo.program.step import Step
 from fuser.examples.gpt2 import GPT, GPTConfig
 
 # odd sizes: 3 x 7 tokens, 40 wide, vocabulary 67
@@ -271,3 +271,26 @@ def test_a_compiled_triton_kernel_is_launched_as_its_own_wrapper_launches_it():
     scope = dict(builder.names.globals, a="A", b="B", stream=99, **{ws: "WS"})
     exec(launch.code, scope)
     assert got == [(5, 1, 1, 99, "FN", "META", None, None, None, "A", "B", "WS", 11)]
+
+
+def test_two_region_outputs_of_one_value_each_get_their_tensor():
+    """Two layer norms of one input with their own weights: their mean and rstd are one
+    value in the fused region (found by gpt-neox's parallel residual, whose program
+    returned a name it never defined). Both are saved for the backward."""
+
+    def f(x, w1, b1, w2, b2):
+        h = x.shape[-1]
+        a = torch.nn.functional.layer_norm(x, (h,), w1, b1)
+        c = torch.nn.functional.layer_norm(x, (h,), w2, b2)
+        return (a * c).sum()
+
+    g = torch.Generator().manual_seed(3)
+    args = [torch.randn(5, 24, generator=g)] + [torch.randn(24, generator=g) for _ in range(4)]
+    compiled = torch.compile(f, backend=FuserBackend(strict=True), dynamic=False)
+    for _ in range(3):  # the program is built after the first call, then runs
+        ours = [a.detach().clone().requires_grad_() for a in args]
+        ref = [a.detach().clone().requires_grad_() for a in args]
+        compiled(*ours).backward()
+        f(*ref).backward()
+        for a, r in zip(ours, ref):
+            torch.testing.assert_close(a.grad, r.grad, atol=1e-5, rtol=1e-5)

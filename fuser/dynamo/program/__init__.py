@@ -28,7 +28,8 @@ from fuser.config import config, debug_print
 from fuser.dynamo.program.emit import emit_program
 from fuser.dynamo.program.memory import MemoryPlan, plan_memory, storage_roots
 from fuser.dynamo.program.observe import watch_first_call
-from fuser.dynamo.program.steps import Step, StepBuilder
+from fuser.dynamo.program.step import Step
+from fuser.dynamo.program.steps import StepBuilder
 
 # give a dead kernel output's memory to the next kernel output of its size (memory.py)
 REUSE = True

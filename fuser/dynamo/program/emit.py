@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from fuser.dynamo.program.memory import MemoryPlan
-from fuser.dynamo.program.steps import Names, Step
+from fuser.dynamo.program.step import Step
+from fuser.dynamo.program.steps import Names
 from fuser.runtime.checks import poll
 
 

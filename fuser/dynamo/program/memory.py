@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fuser.dynamo.program.steps import Step
+from fuser.dynamo.program.step import Step
 
 NEVER = 1 << 30  # the last use of a returned name
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from fuser.dynamo.program.step import Step
 from fuser.runtime.checks import check_args
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ def inline_region(
 ) -> list | None:
     """The steps that run `region` (called at node n) with `plan`, its CompiledFusion, or
     None when it cannot be inlined. `outs`: the getitem node of each region output."""
-    from fuser.dynamo.program.steps import Step
 
     kernels = [plan.kernels.get(seg.index) for seg in plan.segments]
     if region.check or not kernels or any(k is None for k in kernels):
@@ -55,8 +55,11 @@ def inline_region(
     direct: dict[int, str] = {}
     taken: set[int] = set()
     for k_out, ((kind, j), layout) in enumerate(zip(region.slots, region.layouts)):
+        vid = plan._output_ids[j] if kind == "fd" else None
+        # one buffer, one name: two fd outputs may be one value (a fusion computes two
+        # identical layer norms once), and the first output named gets it
         if kind == "fd" and j not in taken and layout is None and k_out in outs:
-            direct[plan._output_ids[j]] = outs[k_out].name
+            direct.setdefault(vid, outs[k_out].name)
         if kind == "fd":
             taken.add(j)
 
@@ -80,20 +83,21 @@ def inline_region(
             args.append(name)
         steps += _launch(kernel, args, b, device)
 
-    seen: set[int] = set()
+    claimed = set(direct)  # values whose buffer already is an output, under its name
     for k_out, ((kind, j), layout) in enumerate(zip(region.slots, region.layouts)):
         node = outs.get(k_out)
-        if kind == "fd":
-            first = j not in seen
-            seen.add(j)
         if node is None:
             continue
         b.local[node] = node.name
-        if kind == "fd" and first and layout is None:
-            continue  # the kernel's buffer, named after the output
-        src = inputs[j] if kind == "in" else value[plan._output_ids[j]]
+        if kind == "fd":
+            vid = plan._output_ids[j]
+            if layout is None and direct.get(vid) == node.name:
+                continue  # the kernel's buffer, named after the output
+            src, cloned = value[vid], vid in claimed
+            claimed.add(vid)
+        else:
+            src, cloned = inputs[j], True
         # an output never aliases an input or another output: the graph is functional
-        cloned = kind == "in" or not first
         lines = [f"{node.name} = {src}.clone()"] if cloned else []
         if layout is not None:
             fn = b.names.bind(restride, "restride")
@@ -106,7 +110,6 @@ def inline_region(
 
 def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
     """Steps that launch `kernel` on the tensors named `args` (its spec's order)."""
-    from fuser.dynamo.program.steps import Step
 
     fast = kernel._fast if kernel.backend == "triton" else None
     if fast is None:  # the interpreter, the CUDA backend: the kernel's own unchecked launch

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +18,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from fuser.dynamo.program.observe import Observed
 from fuser.dynamo.program.regions import inline_region
+from fuser.dynamo.program.step import Step
 
 aten = torch.ops.aten
 
@@ -33,27 +33,6 @@ VIEWS = {
 }  # fmt: skip
 # views with a tuple of results, each taken by a getitem
 TUPLE_VIEWS = {aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int}
-
-
-@dataclass
-class Step:
-    """One line of the call program.
-
-    kind: "alloc" (a fresh buffer the program owns: `alloc` is its (shape, stride, dtype)
-    and the memory plan may give it a dead buffer of the same key instead), "launch",
-    "call" (ATen or Python), "view", "region" (a region module, called as before).
-    code: the line, except for allocations, which emit.py writes.
-    aliases: names whose storage the defined names may share; empty: fresh storage.
-    on_stream: a direct launch, whose code reads `stream` (set once per call).
-    """
-
-    kind: str
-    defines: tuple[str, ...]
-    uses: tuple[str, ...]
-    code: str = ""
-    aliases: tuple[str, ...] = ()
-    alloc: tuple | None = None
-    on_stream: bool = False  # the code reads `stream`, torch's current raw stream
 
 
 class Names:

@@ -1,0 +1,28 @@
+"""Step: one line of a call program, what every stage of fuser/dynamo/program/ passes on
+(steps.py makes them from FX nodes, regions.py from a region's kernels, memory.py plans
+their buffers, emit.py writes them out)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Step:
+    """One line of the call program.
+
+    kind: "alloc" (a fresh buffer the program owns: `alloc` is its (shape, stride, dtype)
+    and the memory plan may give it a dead buffer of the same key instead), "launch",
+    "call" (ATen or Python), "view", "region" (a region module, called as before).
+    code: the line, except for allocations, which emit.py writes.
+    aliases: names whose storage the defined names may share; empty: fresh storage.
+    on_stream: a direct launch, whose code reads `stream` (set once per call).
+    """
+
+    kind: str
+    defines: tuple[str, ...]
+    uses: tuple[str, ...]
+    code: str = ""
+    aliases: tuple[str, ...] = ()
+    alloc: tuple | None = None
+    on_stream: bool = False  # the code reads `stream`, torch's current raw stream
