@@ -15,8 +15,9 @@ class CudaBackend(Backend):
     name = "cuda"
     extension = "cu"
     # the CUDA split reduction moves whole vectors of partial sums (no masked tail)
-    # prefetching at 8192x20480 (2 blocks/SM by the CUDA model and by ptxas) measured
-    # 0.355 -> 0.27 ms on the H100, chosen then under the Triton model's 1 block/SM
+    # prefetching is considered up to 2 blocks/SM (the CUDA model's 90% margin puts
+    # 8192x20480 there, where prefetching measured 0.355 -> 0.27 ms on the H100) and taken
+    # only where it costs no resident block (heuristics.schedule_inner)
     limits = Limits(masked_outer_tail=False, prefetch=True, prefetch_max_blocks_per_sm=2)
 
     def render(self, plan: KernelPlan) -> str:

@@ -131,13 +131,16 @@ def _belongs(obj: Any) -> Callable[[Capture], bool]:
     obj = getattr(obj, "_torchdynamo_orig_callable", obj)  # torch.compile(fn)
     if isinstance(obj, torch.nn.Module):
         state = {id(t) for t in (*obj.parameters(), *obj.buffers())}
-        if state and any(c.takes_any(state) for c in CAPTURES):
+        inner = getattr(obj, "module", None)  # DistributedDataParallel(model).module
+        if isinstance(inner, torch.nn.Module) and not any(c.takes_any(state) for c in CAPTURES):
+            # DDP's graph split (DDPOptimizer) compiles its pieces from fake tensors: no
+            # capture took the model's own, so they are found by the model's forward
+            forward = type(inner).forward.__code__
+            return lambda c: forward in c.codes
+        if state:
             return lambda c: c.takes_any(state)
-        # no capture took its tensors: under DDP's graph split (DDPOptimizer) the pieces
-        # are compiled from fake tensors, so the model's are found by its forward's code
-        inner = getattr(obj, "module", obj)  # DistributedDataParallel(model).module
-        forwards = {type(m).forward.__code__ for m in (obj, inner)}
-        return lambda c: any(f in c.codes for f in forwards)
+        forward = type(obj).forward.__code__
+        return lambda c: forward in c.codes
     code = getattr(getattr(obj, "__func__", obj), "__code__", None)
     return lambda c: bool(c.codes) and c.codes[0] is code  # the frame Dynamo entered
 

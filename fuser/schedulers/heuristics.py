@@ -335,8 +335,15 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
         # and 16384, 5-7% slower).
         pre = _inner_schedule(spec, dev, v, best, list(reasons), backend, prefetch=True)
         assert pre.estimate is not None
-        fits = dev.blocks_per_sm(tpr * rpb, pre.estimate.registers) >= 1
-        if fits and pre.estimate.registers < 255:
+        # the next row's registers must cost no resident block. CUDA on the H100, where
+        # the plain kernel fits 2 per SM and the prefetching one 1: without prefetching
+        # softmax 98304x20480 4.16 -> 2.93 ms, LayerNorm fwd+bwd 8192x16384 1.37 -> 1.20,
+        # LayerNorm 8192x16384 0.235 -> 0.180; cross-entropy 8192x20480 0.425 -> 0.505
+        # is the one case it lost (benchmarks/results/h100-2026-11-25-cuda-prefetch/).
+        # At 1 and 1 prefetching won (LayerNorm 8192x20480: 0.355 -> 0.27 ms)
+        plain_blocks = dev.blocks_per_sm(tpr * rpb, best.registers)
+        blocks = dev.blocks_per_sm(tpr * rpb, pre.estimate.registers)
+        if 1 <= blocks and blocks >= plain_blocks and pre.estimate.registers < 255:
             reasons.append(
                 f"prefetch: one block per SM; {pre.grid[0]} resident programs each load "
                 "their next row while reducing this one"
