@@ -56,7 +56,10 @@ class Observed:
     plans: dict[fx.Node, Any] = field(default_factory=dict)
 
     def device(self) -> torch.device | None:
-        return next((lay.device for lay in self.layouts.values()), None)
+        """A CUDA device the call used if any (a graph may also hold CPU tensors: scalars,
+        step counters), else the first tensor's."""
+        devices = [lay.device for lay in self.layouts.values()]
+        return next((d for d in devices if d.type == "cuda"), devices[0] if devices else None)
 
 
 class _Watching(fx.Interpreter):

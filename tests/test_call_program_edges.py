@@ -1,0 +1,56 @@
+"""Edge cases of the generated call program (fuser/dynamo/program/), each found by
+running graphs three or more times (the program is built after the first call) against
+the old path and eager. Kernels run in Triton's interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fuser.dynamo import FuserBackend
+from fuser.dynamo.program.observe import Layout, Observed
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _programs(backend: FuserBackend) -> list:
+    return [g.program for c in backend.captures for g in c.graphs if g.program is not None]
+
+
+def test_kernel_outputs_are_allocated_on_their_regions_device():
+    """The program allocated every kernel output on the device of the graph's first
+    tensor input. When that input lives elsewhere (on a GPU: a CPU scalar tensor or step
+    counter beside CUDA activations; here: a meta tensor beside CPU ones) the kernels got
+    buffers on the wrong device: a crash, or on CUDA a launch on a CPU pointer."""
+
+    def f(m, x):
+        return m.view(-1), (x * 2).sin() + 1
+
+    backend = FuserBackend(strict=True)
+    compiled = torch.compile(f, backend=backend, dynamic=False)
+    for _ in range(3):
+        x = torch.randn(5, 6)
+        m, y = compiled(torch.empty(2, 3, device="meta"), x)
+        assert m.device.type == "meta" and y.device.type == "cpu"
+        torch.testing.assert_close(y, (x * 2).sin() + 1)
+    (program,) = _programs(backend)
+    assert program.fn is not None and program.calls == 2, program.note
+
+
+def _layout(device: str) -> Layout:
+    return Layout((), (), 0, torch.float32, torch.device(device), 0)
+
+
+def test_the_program_device_is_a_cuda_one_when_the_graph_has_one():
+    """The stream the program launches on is the current stream of this device."""
+    seen = Observed()
+    seen.layouts = {"a": _layout("cpu"), "b": _layout("cuda:1"), "c": _layout("cpu")}
+    assert seen.device() == torch.device("cuda:1")
+    seen.layouts = {"a": _layout("cpu")}
+    assert seen.device() == torch.device("cpu")
+    assert Observed().device() is None
