@@ -54,3 +54,30 @@ def test_the_program_device_is_a_cuda_one_when_the_graph_has_one():
     seen.layouts = {"a": _layout("cpu")}
     assert seen.device() == torch.device("cpu")
     assert Observed().device() is None
+
+
+def test_each_allocation_names_its_own_device_and_one_stream_serves_one_device():
+    """emit.py, on steps written by hand: a buffer of a region on another device than the
+    program's is allocated there; launches on two CUDA devices (one `stream` per call
+    cannot serve both) are refused, so the graph keeps the old path."""
+    from fuser.dynamo.program.emit import emit_program
+    from fuser.dynamo.program.memory import plan_memory
+    from fuser.dynamo.program.step import Step
+    from fuser.dynamo.program.steps import Names
+
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    steps = [
+        Step("alloc", ("a",), (), alloc=((2,), (1,), torch.float32, cpu)),
+        Step("alloc", ("b",), (), alloc=((2,), (1,), torch.float32, meta)),
+        Step("launch", (), ("a", "b"), "pass", device=cpu),
+    ]
+    names = Names({"a", "b"})
+    out = emit_program("g", steps, plan_memory(steps, [], ["a", "b"]), names, [], "(a, b)", {},
+                       meta, lambda args: None)  # fmt: skip
+    a, b = out.fn([])
+    assert a.device == cpu and b.device == meta  # `dev` is the launches' device, cpu
+
+    on = [Step("launch", (), (), "pass", on_stream=True, device=torch.device(f"cuda:{i}"))
+          for i in (0, 1)]  # fmt: skip
+    with pytest.raises(NotImplementedError, match="several devices"):
+        emit_program("h", on, plan_memory(on, [], []), Names(set()), [], "()", {}, cpu, None)
