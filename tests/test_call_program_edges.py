@@ -81,3 +81,34 @@ def test_each_allocation_names_its_own_device_and_one_stream_serves_one_device()
           for i in (0, 1)]  # fmt: skip
     with pytest.raises(NotImplementedError, match="several devices"):
         emit_program("h", on, plan_memory(on, [], []), Names(set()), [], "()", {}, cpu, None)
+
+
+def test_a_call_under_another_backend_goes_the_old_way(monkeypatch):
+    """The program launches the kernels its first call planned for config.backend; a
+    later call under another backend (an A/B in one process, as tests/conftest.py's
+    `backend` fixture does) silently kept the first backend's kernels. It goes the old way
+    now, whose regions plan for the backend asked for, and comes back with the first."""
+    from fuser.config import config
+    from fuser.runtime import cuda_backend
+
+    monkeypatch.setattr(cuda_backend, "EMULATE_ON_CPU", not torch.cuda.is_available())
+    monkeypatch.setattr(config, "backend", "triton")
+
+    def f(x):
+        return (x * 2).sin() + 1
+
+    backend = FuserBackend(strict=True)
+    compiled = torch.compile(f, backend=backend, dynamic=False)
+    for _ in range(2):
+        compiled(torch.randn(5, 6))
+    (program,) = _programs(backend)
+    assert program.fn is not None and program.calls == 1
+    (record,) = backend.captures[0].graphs[0].regions
+    monkeypatch.setattr(config, "backend", "cuda")
+    x = torch.randn(5, 6)
+    torch.testing.assert_close(compiled(x), f(x))
+    assert program.calls == 1 and program.declined == 1
+    assert "cuda" in {k.backend for k in record.fd._runtime().last.kernels.values()}
+    monkeypatch.setattr(config, "backend", "triton")
+    compiled(x)
+    assert program.calls == 2
