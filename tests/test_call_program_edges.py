@@ -112,3 +112,37 @@ def test_a_call_under_another_backend_goes_the_old_way(monkeypatch):
     monkeypatch.setattr(config, "backend", "triton")
     compiled(x)
     assert program.calls == 2
+
+
+def test_the_plan_inlined_is_the_one_for_the_first_calls_inputs(monkeypatch):
+    """The first call took each region's plan from its executor's `last`, the plan of the
+    latest execute of that FusionDefinition anywhere. Regions of one definition are shared
+    (fuser/dynamo/region.py), so another thread running it on other strides in between
+    gave the program that thread's plan: every later call then read its input with the
+    other strides. The race is simulated here: the same definition runs on a transposed
+    input right after the region's own run. The plan is now looked up by the signature
+    of the region's inputs."""
+    from fuser.runtime.executor import FusionExecutor
+
+    real = FusionExecutor.execute
+
+    def execute_then_another_thread(self, inputs, backend):
+        out = real(self, inputs, backend)
+        other = [t.t().contiguous().t() if t.dim() == 2 else t for t in inputs]
+        self._get(other, backend, None)  # what a concurrent execute leaves in `last`
+        return out
+
+    def f(x):
+        return (x * 2).sin() + x.cos()
+
+    backend = FuserBackend(strict=True)
+    compiled = torch.compile(f, backend=backend, dynamic=False)
+    with monkeypatch.context() as m:
+        m.setattr(FusionExecutor, "execute", execute_then_another_thread)
+        compiled(torch.randn(5, 6))
+    (program,) = _programs(backend)
+    assert program.fn is not None, program.note
+    for _ in range(2):
+        x = torch.randn(5, 6)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert program.calls == 2
