@@ -164,7 +164,8 @@ def test_explain_shows_the_program():
 
 
 def _alloc(name: str, shape=(4, 8)) -> Step:
-    return Step("alloc", (name,), (), alloc=(shape, (shape[1], 1), torch.float32))
+    cpu = torch.device("cpu")
+    return Step("alloc", (name,), (), alloc=(shape, (shape[1], 1), torch.float32, cpu))
 
 
 def _launch(*names: str) -> Step:
@@ -265,7 +266,8 @@ def test_a_compiled_triton_kernel_is_launched_as_its_own_wrapper_launches_it():
     )
     builder = SimpleNamespace(names=Names({"a", "b"}))
     alloc, launch = _launch(kernel, ["a", "b"], builder, torch.device("cpu"))
-    assert alloc.kind == "alloc" and alloc.alloc == ((6,), (1,), torch.float32)
+    assert alloc.kind == "alloc"
+    assert alloc.alloc == ((6,), (1,), torch.float32, torch.device("cpu"))
     ws = alloc.defines[0]
     assert launch.uses == ("a", "b", ws) and launch.on_stream
     scope = dict(builder.names.globals, a="A", b="B", stream=99, **{ws: "WS"})

@@ -6,7 +6,8 @@ to launches, ATen calls and views), a memory plan (memory.py), source (emit.py).
 later call runs the generated function, which launches the kernels with their arguments
 and grids fixed, calls ATen ops directly, resolves views once and frees each buffer
 after its last use. config.call_program (FUSER_CALL_PROGRAM=0) turns it off, at any
-call: the old path (the rewritten FX graph, a module per region) is always kept.
+call: the old path (the rewritten FX graph, a module per region) is always kept, and
+runs any call made while config.backend is not the one the program was built under.
 
 What each call still checks, and why: a bad index reported by a kernel (one poll), the
 alignment of the inputs whose data reaches a kernel (kernels are specialized to it and
@@ -50,13 +51,20 @@ class CallProgram:
         self.inlined: list[Any] = []  # records of the regions whose kernels it launches
         self.note = ""  # why there is no program, when there is none
         self.calls = 0
-        self.declined = 0  # calls the program handed to the old path (another alignment)
+        self.backend = config.backend  # fd.execute's default backend the plans were made for
+        # calls the program handed to the old path (another alignment, another backend)
+        self.declined = 0
 
     def __call__(self, args: list) -> Any:
         if self.fn is not None and config.call_program:
+            if config.backend != self.backend:
+                # the kernels were chosen for another backend: the old path plans for
+                # this one, as fd.execute does (an A/B of backends in one process)
+                return self._decline(args)
             self.calls += 1
             return self.fn(args)
         if self.fn is None and not self.note and config.call_program:
+            self.backend = config.backend
             result, seen = watch_first_call(self.gm, args)
             self._build(seen)
             return result

@@ -31,12 +31,15 @@ def _lines(code: str) -> list[str]:
 
 def _alloc(s: Step, names: Names, reused: str | None) -> list[str]:
     name = s.defines[0]
-    shape, stride, dtype = s.alloc  # type: ignore[misc]
+    shape, stride, dtype, device = s.alloc  # type: ignore[misc]
     if reused is not None:
         return [f"{name} = {reused}  # takes over the dead {reused}'s memory", f"del {reused}"]
     empty = names.bind(torch.empty_strided, "empty_strided")
     dt = names.bind(dtype, str(dtype).removeprefix("torch."))
-    return [f"{name} = {empty}({shape}, {stride}, dtype={dt}, device=dev)"]
+    # each buffer on its region's device: a graph may hold tensors of several (a CPU
+    # scalar tensor beside CUDA activations)
+    dv = "dev" if device == names.globals.get("dev") else names.bind(device, f"dev_{device}")
+    return [f"{name} = {empty}({shape}, {stride}, dtype={dt}, device={dv})"]
 
 
 def emit_program(
@@ -54,8 +57,17 @@ def emit_program(
     inputs whose pointer alignment (ptr & 15) the kernels were specialized to; a call
     with another alignment runs `fallback`, the old path, which plans for it."""
     g = names.globals
-    g["dev"] = device
     fast = any(s.on_stream for s in steps)
+    launched = {s.device for s in steps if s.kind == "launch" and s.device is not None}
+    if fast:
+        # one `stream` per call, the current stream of the launches' device
+        cuda = {d for d in launched if d.type == "cuda"}
+        if len(cuda) > 1:
+            raise NotImplementedError(f"kernels on several devices ({sorted(map(str, cuda))})")
+        device = next(iter(cuda), device)
+    elif len(launched) == 1:
+        device = next(iter(launched))
+    g["dev"] = device
     body = [f"{names.bind(poll, 'poll')}()  # a bad index a kernel reported since the last call"]
     if inputs:
         body.append(f"{', '.join(inputs)}, = args")

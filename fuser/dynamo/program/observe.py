@@ -56,7 +56,10 @@ class Observed:
     plans: dict[fx.Node, Any] = field(default_factory=dict)
 
     def device(self) -> torch.device | None:
-        return next((lay.device for lay in self.layouts.values()), None)
+        """A CUDA device the call used if any (a graph may also hold CPU tensors: scalars,
+        step counters), else the first tensor's."""
+        devices = [lay.device for lay in self.layouts.values()]
+        return next((d for d in devices if d.type == "cuda"), devices[0] if devices else None)
 
 
 class _Watching(fx.Interpreter):
@@ -65,14 +68,34 @@ class _Watching(fx.Interpreter):
         self.seen = seen
 
     def run_node(self, n: fx.Node) -> Any:
+        self._args: tuple = ()
         out = super().run_node(n)
         if isinstance(out, torch.Tensor):
             self.seen.layouts[n] = Layout.of(out)
         if n.op == "call_module":
             region = self.module.get_submodule(n.target)
             fused = getattr(region, "record", None) is not None and region.record.fused
-            self.seen.plans[n] = region.fd._runtime().last if fused else None
+            self.seen.plans[n] = _plan_for(region, self._args) if fused else None
         return out
+
+    def call_module(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        self._args = args
+        return super().call_module(target, args, kwargs)
+
+
+def _plan_for(region: Any, args: tuple) -> Any:
+    """The plan the region's FusionDefinition has for `args` (None if it has none): looked
+    up by their signature, as fd.execute looks it up, not taken from the executor's last
+    plan, which another thread running the same definition (regions of one definition are
+    shared, fuser/dynamo/region.py) may have replaced in the meantime."""
+    from fuser.config import config
+    from fuser.runtime.executor import signature
+
+    try:
+        key = (signature(list(args)), config.backend, None)
+    except Exception:
+        return None
+    return region.fd._runtime().cache.get(key)
 
 
 def watch_first_call(gm: fx.GraphModule, args: list) -> tuple[Any, Observed]:

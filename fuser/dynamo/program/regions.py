@@ -50,7 +50,11 @@ def inline_region(
     made = {vid for k in kernels for is_out, vid, _, _ in k.arg_plan if is_out}
     if any(kind == "fd" and plan._output_ids[j] not in made for kind, j in region.slots):
         return None  # an fd output that is an input or an ATen segment's result
-    device = b.seen.device()
+    # the region's own device: its inputs' (define_input puts all of a region's operands
+    # on one device), not the graph's first input's, which may be a CPU scalar tensor
+    device = _region_device(n, outs, b)
+    if device is None:
+        return None
     # a kernel output that is a region output as it is gets that output's name
     direct: dict[int, str] = {}
     taken: set[int] = set()
@@ -71,7 +75,8 @@ def inline_region(
             if is_out:
                 name = value[vid] = direct.get(vid) or b.names.fresh("buf")
                 shape = tuple(int(s) for s in shape)
-                steps.append(Step("alloc", (name,), (), alloc=(shape, _contiguous(shape), dtype)))
+                alloc = (shape, _contiguous(shape), dtype, device)
+                steps.append(Step("alloc", (name,), (), alloc=alloc))
             else:
                 name = value[vid]
                 if (seg.index, vid) in plan.copied:  # not a 2D view: the plan copies it
@@ -108,13 +113,23 @@ def inline_region(
     return steps
 
 
+def _region_device(n: fx.Node, outs: dict[int, fx.Node], b: StepBuilder) -> Any:
+    """The device the first call saw the region's tensors on (None: it saw none)."""
+    for v in [*n.all_input_nodes, *outs.values()]:
+        lay = b.seen.layouts.get(v)
+        if lay is not None:
+            return lay.device
+    return None
+
+
 def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
     """Steps that launch `kernel` on the tensors named `args` (its spec's order)."""
 
     fast = kernel._fast if kernel.backend == "triton" else None
     if fast is None:  # the interpreter, the CUDA backend: the kernel's own unchecked launch
         k = b.names.bind(kernel, kernel.name)
-        return [Step("launch", (), tuple(args), f"{k}.launch_unchecked([{', '.join(args)}])")]
+        code = f"{k}.launch_unchecked([{', '.join(args)}])"
+        return [Step("launch", (), tuple(args), code, device=device)]
     # Triton's compiled launcher, called as its own wrapper calls it (kernel.py); the
     # program checks once per call that no profiler hooked the launches
     steps = []
@@ -122,7 +137,7 @@ def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
     for dt in kernel.workspace_dtypes:
         ws = b.names.fresh("ws")
         n = kernel.schedule.split_rows * kernel.spec.cols
-        steps.append(Step("alloc", (ws,), (), alloc=((n,), (1,), dt)))
+        steps.append(Step("alloc", (ws,), (), alloc=((n,), (1,), dt, device)))
         extra.append(ws)
     uses = (*args, *extra)
     if kernel.spec.checks:
@@ -136,5 +151,5 @@ def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
         f = b.names.bind(function, f"{kernel.name}{part}_fn")
         m = b.names.bind(packed, f"{kernel.name}{part}_meta")
         lines.append(f"{r}({gx}, {gy}, {gz}, stream, {f}, {m}, None, None, None, {tail})")
-    steps.append(Step("launch", (), uses, "\n".join(lines), on_stream=True))
+    steps.append(Step("launch", (), uses, "\n".join(lines), on_stream=True, device=device))
     return steps

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 class Step:
     """One line of the call program.
 
-    kind: "alloc" (a fresh buffer the program owns: `alloc` is its (shape, stride, dtype)
-    and the memory plan may give it a dead buffer of the same key instead), "launch",
+    kind: "alloc" (a fresh buffer the program owns: `alloc` is its (shape, stride, dtype,
+    device) and the memory plan may give it a dead buffer of the same key instead), "launch",
     "call" (ATen or Python), "view", "region" (a region module, called as before).
     code: the line, except for allocations, which emit.py writes.
     aliases: names whose storage the defined names may share; empty: fresh storage.
     on_stream: a direct launch, whose code reads `stream` (set once per call).
+    device: where a launch runs (the device its region's tensors are on).
     """
 
     kind: str
@@ -26,3 +27,4 @@ class Step:
     aliases: tuple[str, ...] = ()
     alloc: tuple | None = None
     on_stream: bool = False  # the code reads `stream`, torch's current raw stream
+    device: object = None  # a launch's device
