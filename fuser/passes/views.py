@@ -193,5 +193,3 @@ def lower_views(graph: Graph) -> Graph:
 
 def has_views(graph: Graph) -> bool:
     return any(n.op in LAYOUT for n in graph.nodes)
-
-

@@ -96,7 +96,9 @@ def pick_domain(nodes: list[Node]) -> tuple[int, ...]:
     """The largest shape (by rank, then elements) among the values of `nodes`."""
     # a view's operand is read at other columns: its shape is not the kernel's
     shapes = [
-        tuple(v.shape) for n in nodes for v in ((*n.inputs, *n.outputs) if n.op != Op.VIEW else n.outputs)
+        tuple(v.shape)
+        for n in nodes
+        for v in ((*n.inputs, *n.outputs) if n.op != Op.VIEW else n.outputs)
     ]
     return max(shapes, key=lambda s: (len(s), math.prod(s)), default=())
 
@@ -212,7 +214,9 @@ def _view_kinds(node: Node, domain: tuple[int, ...], produced: set[int], kinds: 
         raise Rejected(f"`{node.describe()}` is neither a full tile nor a column of {list(domain)}")
     for v in (src, out):
         if kinds.get(v.id, kind) != kind:
-            raise Rejected(f"`{node.describe()}` uses {v.name} as {kind.value} and as {kinds[v.id].value}")
+            raise Rejected(
+                f"`{node.describe()}` uses {v.name} as {kind.value} and as {kinds[v.id].value}"
+            )
         kinds[v.id] = kind
 
 
