@@ -23,6 +23,7 @@ from fuser import FusionDefinition
 from fuser.ir.dtypes import DType, dtype_of
 from fuser.ir.evaluate import tolerance
 from fuser.ir.graph import Graph
+from fuser.ir.ops import Op
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 I32, I64, BOOL = torch.int32, torch.int64, torch.bool
@@ -412,6 +413,52 @@ MOVEMENT_SAMPLES = [
 ]
 
 
+def _layout(name: str, build: Callable, ref: Callable, inputs: Inputs | None = None) -> OpSample:
+    """A slice, pad or cat (static sizes: layout ops are index maps known at compile time)."""
+    shapes = ((3, 7), (2, 5140), (2, 3, 9))
+    return OpSample(name, build, ref, inputs or one(), FLOATS + (I64,), shapes, static=True)
+
+
+def _view_read(fd: FusionDefinition, x: Any) -> Any:
+    """The kernel-level VIEW (what slices and cats become): columns 1, 3, ... of x, for
+    the result's columns [1, n // 2 - 1) of n // 2 (zeros elsewhere)."""
+    n, last = int(x.shape[-1]), len(x.shape) - 1
+    attrs = {"dim": last, "size": n // 2, "scale": 2, "offset": -1, "lo": 1, "hi": n // 2}
+    return fd.ops._b.add(Op.VIEW, [x], attrs)[0]
+
+
+def _view_ref(x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(*x.shape[:-1], x.shape[-1] // 2, dtype=x.dtype)
+    out[..., 1:] = x[..., 1 : 2 * (x.shape[-1] // 2) - 2 : 2]
+    return out
+
+
+LAYOUT_SAMPLES = [
+    _layout(
+        "slice_last_step2",
+        lambda fd, x: fd.ops.slice(x, len(x.shape) - 1, 1, int(x.shape[-1]), 2),
+        lambda x: x[..., 1::2],
+    ),
+    _layout("slice_dim0", lambda fd, x: fd.ops.slice(x, 0, 1, int(x.shape[0])), lambda x: x[1:]),
+    _layout(
+        "pad_last",
+        lambda fd, x: fd.ops.pad(x, len(x.shape) - 1, 3, 2),
+        lambda x: (
+            torch.nn.functional.pad(x, (3, 2))
+            if x.is_floating_point()
+            else torch.cat((x[..., :3] * 0, x, x[..., :2] * 0), -1)
+        ),
+    ),
+    _layout(
+        "cat_last_neg",
+        lambda fd, x, y: fd.ops.cat([fd.ops.neg(y), x, y], len(x.shape) - 1),
+        lambda x, y: torch.cat((-y, x, y), -1),
+        two(),
+    ),
+    _layout("view_read", _view_read, _view_ref),
+]
+
+
 def _iota_ref(dim: int, dtype: torch.dtype) -> Callable:
     def ref(x: torch.Tensor) -> torch.Tensor:
         view = [1] * x.dim()
@@ -679,6 +726,7 @@ SAMPLES: list[OpSample] = [
     *WHERE_SAMPLES,
     *CAST_SAMPLES,
     *MOVEMENT_SAMPLES,
+    *LAYOUT_SAMPLES,
     *LEAF_SAMPLES,
     *GUARD_SAMPLES,
     *REDUCTION_SAMPLES,

@@ -203,3 +203,46 @@ def _nll_loss_backward(ctx: LowerCtx, node: fx.Node) -> Any:
     hit, valid = _target_hits(ctx, shape, ctx.tensor(target), ignore_index)
     keep = ops.logical_and(hit, ctx.broadcast(valid, shape, [0]))
     return ctx.finish(node, [ops.where(keep, scale, 0.0)])
+
+
+def _rms_parts(ctx: LowerCtx, x: Any, shape: Any, eps: Any) -> tuple[Tensor, float]:
+    _last_dim_only(None, shape)  # type: ignore[arg-type]
+    xt = _float(ctx, x, "input")
+    return xt, float(torch.finfo(xt.dtype).eps) if eps is None else float(eps)
+
+
+@register(aten._fused_rms_norm.default)
+def _fused_rms_norm(ctx: LowerCtx, node: fx.Node) -> Any:
+    """F.rms_norm as current PyTorch hands it over: (y, rstd), rstd [..., 1] in float32."""
+    x, shape, w, eps = node.args
+    xt, eps = _rms_parts(ctx, x, shape, eps)
+    ops, xf = ctx.ops, ctx.up(xt)
+    last = xf.ndim - 1
+    ms = ops.div(ops.sum(ops.mul(xf, xf), dims=[last]), float(xf.shape[-1]))
+    rstd = ops.rsqrt(ops.add(ms, eps))
+    y = ops.mul(xf, _rows(ctx, rstd, xf))
+    if w is not None:
+        y = ops.mul(y, _cols(ctx, ctx.up(_float(ctx, w, "weight")), xf))
+    stat = ctx.broadcast(rstd, list(xf.shape[:-1]) + [1], range(last))
+    return ctx.finish(node, [y, stat])
+
+
+@register(aten._fused_rms_norm_backward.default)
+def _fused_rms_norm_backward(ctx: LowerCtx, node: fx.Node) -> Any:
+    go, x, shape, rstd, w, mask = node.args
+    xt, _ = _rms_parts(ctx, x, shape, None)
+    ops = ctx.ops
+    xf, g = ctx.up(xt), ctx.up(_float(ctx, go, "grad"))
+    last = xf.ndim - 1
+    rstd_b = _rows(ctx, ctx.up(ctx.tensor(rstd)), xf)
+    xhat = ops.mul(xf, rstd_b)
+    wg = ops.mul(g, _cols(ctx, ctx.up(ctx.tensor(w)), xf)) if w is not None else g
+    dx = dw = None
+    if mask[0]:
+        c = ops.div(ops.sum(ops.mul(wg, xhat), dims=[last]), float(xf.shape[-1]))
+        dx = ops.mul(rstd_b, ops.sub(wg, ops.mul(xhat, _rows(ctx, c, xf))))
+    if mask[1] and w is not None:
+        lead = list(range(last))
+        dw = ops.mul(g, xhat)
+        dw = ops.sum(dw, dims=lead) if lead else dw
+    return ctx.finish(node, [dx, dw])

@@ -14,6 +14,7 @@ import torch
 from torch import fx
 
 import fuser.dynamo.composites  # noqa: F401  (registers the lowerings)
+import fuser.dynamo.layout  # noqa: F401
 import fuser.dynamo.pointwise  # noqa: F401
 import fuser.dynamo.reductions  # noqa: F401
 from fuser.dynamo.context import FREE, LOWERINGS, LowerCtx, NotLowerable
@@ -90,8 +91,8 @@ _CATEGORIES = [
                 "roll",
             }
         ),
-        "layout op: an ATen view (free) or a copy that fuser IR (no transpose, slice or "
-        "concatenation) cannot express",
+        "layout op: an ATen view (free) or a copy that fuser IR cannot express (no "
+        "transpose or reshape; slices and cats along the last dim only)",
     ),
     (
         lambda b: (

@@ -54,6 +54,19 @@ class Ops:
         attrs = {"shape": tuple(shape), "broadcast_dims": tuple(broadcast_dims)}
         return self._b.add(Op.BROADCAST_IN_DIM, [x], attrs)[0]
 
+    def slice(self, x: Tensor, dim: int, start: int, stop: int, step: int = 1) -> Tensor:
+        """x[..., start:stop:step, ...] along `dim` (static bounds, in range)."""
+        attrs = {"dim": dim, "start": start, "stop": stop, "step": step}
+        return self._b.add(Op.SLICE, [x], attrs)[0]
+
+    def pad(self, x: Tensor, dim: int, lo: int, hi: int) -> Tensor:
+        """`x` with `lo` zeros before and `hi` zeros after it along `dim`."""
+        return self._b.add(Op.PAD, [x], {"dim": dim, "lo": lo, "hi": hi})[0]
+
+    def cat(self, xs: Sequence[Tensor], dim: int) -> Tensor:
+        """The tensors of `xs` (one dtype) joined along `dim`."""
+        return self._b.add(Op.CAT, list(xs), {"dim": dim})[0]
+
     def iota(self, shape: Sequence[Dim], dim: int, dtype: Any = "int64") -> Tensor:
         attrs = {"shape": tuple(shape), "dim": dim, "dtype": dtype_of(dtype)}
         return self._b.add(Op.IOTA, [], attrs)[0]

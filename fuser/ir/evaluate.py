@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from fuser.ir.dtypes import DType
 from fuser.ir.graph import Graph, Node
 from fuser.ir.guards import check_eager, target_check
-from fuser.ir.ops import Op
+from fuser.ir.ops import LAYOUT, Op
 
 T = torch.Tensor
 
@@ -162,7 +162,34 @@ def eval_node(
         return [x.reshape(view).expand(shape).contiguous()]  # dense, as for iota
     if op in (Op.SUM, Op.MAX, Op.MIN, Op.MEAN):
         return [_reduce(node, args[0])]
+    if op in LAYOUT:
+        return [_layout(node, args)]
     return _composite(node, args)
+
+
+def _layout(node: Node, args: list[T]) -> T:
+    """A slice, pad, cat or view with ATen (dense results, as for broadcasts)."""
+    op, d = node.op, node.attr("dim") % max(node.out.rank, 1)
+    if op == Op.SLICE:
+        idx = [slice(None)] * d + [slice(node.attr("start"), node.attr("stop"), node.attr("step"))]
+        return args[0][tuple(idx)].contiguous()
+    if op == Op.CAT:
+        return torch.cat(args, dim=d)
+    x = args[0]
+    shape = list(node.out.shape)
+    out = torch.zeros(shape, dtype=x.dtype, device=x.device)
+    if op == Op.PAD:
+        lo, hi, step = node.attr("lo"), node.attr("lo") + x.shape[d], 1
+        src = x
+    else:  # VIEW
+        lo, hi, scale, offset = (node.attr(k) for k in ("lo", "hi", "scale", "offset"))
+        step = 1
+        first = scale * lo + offset
+        src = x.narrow(d, first, scale * (hi - lo - 1) + 1)[
+            (slice(None),) * d + (slice(None, None, scale),)
+        ]
+    out.narrow(d, lo, hi - lo).copy_(src[(slice(None),) * d + (slice(None, None, step),)])
+    return out
 
 
 def _upcast(t: T) -> T:

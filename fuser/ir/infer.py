@@ -227,6 +227,85 @@ def _check_index(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
     return [(x.shape, x.dtype)]
 
 
+def _static_dim(op: Op, x: Value, dim: Any) -> int:
+    """`dim` of `x` as a non-negative int whose size is known: layout ops are static."""
+    (d,) = normalize_dims(op, x, dim)
+    if x.rank == 0:
+        raise ShapeError(f"{op.value}: operand {x.name} is a scalar; expected a tensor")
+    if not isinstance(x.shape[d], int):
+        raise ShapeError(
+            f"{op.value}: dim {d} of {x.name} has symbolic size {x.shape[d]}; "
+            "layout ops need sizes known at compile time"
+        )
+    return d
+
+
+def _with_dim(x: Value, d: int, size: int) -> Shape:
+    return tuple(x.shape[:d]) + (size,) + tuple(x.shape[d + 1 :])
+
+
+def _slice(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
+    (x,) = xs
+    d = _static_dim(op, x, attrs["dim"])
+    start, stop, step, n = attrs["start"], attrs["stop"], attrs["step"], x.shape[d]
+    if not all(isinstance(a, int) and not isinstance(a, bool) for a in (start, stop, step)):
+        raise ShapeError(f"slice: start/stop/step of {x.name} must be ints")
+    if step < 1 or not 0 <= start <= stop <= n:
+        raise ShapeError(
+            f"slice: [{start}:{stop}:{step}] is out of range for dim {d} of {x.name} "
+            f"(size {n}); expected 0 <= start <= stop <= {n} and step >= 1"
+        )
+    return [(_with_dim(x, d, len(range(start, stop, step))), x.dtype)]
+
+
+def _pad(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
+    (x,) = xs
+    d = _static_dim(op, x, attrs["dim"])
+    lo, hi = attrs["lo"], attrs["hi"]
+    if not all(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in (lo, hi)):
+        raise ShapeError(f"pad: lo={lo!r}, hi={hi!r} of {x.name} must be ints >= 0")
+    return [(_with_dim(x, d, lo + x.shape[d] + hi), x.dtype)]
+
+
+def _cat(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
+    if not xs:
+        raise ShapeError("cat: expected at least one operand")
+    first = xs[0]
+    d = _static_dim(op, first, attrs["dim"])
+    for x in xs[1:]:
+        if x.dtype != first.dtype:
+            raise DTypeError(
+                f"cat: operand {x.name} is {x.dtype.value} but {first.name} is "
+                f"{first.dtype.value}; cast them to one dtype first"
+            )
+        if x.rank != first.rank or not all(
+            dims_match(a, b) for i, (a, b) in enumerate(zip(x.shape, first.shape)) if i != d
+        ):
+            raise ShapeError(
+                f"cat: operand {x.name} has shape {list(x.shape)}, {first.name} has "
+                f"{list(first.shape)}; all dims but {d} must match"
+            )
+        _static_dim(op, x, d)
+    return [(_with_dim(first, d, sum(x.shape[d] for x in xs)), first.dtype)]
+
+
+def _view(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
+    (x,) = xs
+    d = _static_dim(op, x, attrs["dim"])
+    size, scale, offset = attrs["size"], attrs["scale"], attrs["offset"]
+    lo, hi = attrs["lo"], attrs["hi"]
+    if scale < 1 or not 0 <= lo < hi <= size:
+        raise ShapeError(
+            f"view: scale {scale}, range [{lo}, {hi}) of size {size} is not a read of {x.name}"
+        )
+    first, last = scale * lo + offset, scale * (hi - 1) + offset
+    if first < 0 or last >= x.shape[d]:
+        raise ShapeError(
+            f"view: reads elements {first}..{last} of dim {d} of {x.name} (size {x.shape[d]})"
+        )
+    return [(_with_dim(x, d, size), x.dtype)]
+
+
 def _const(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
     return [((), attrs["dtype"])]
 
@@ -255,6 +334,10 @@ RULES: dict[Op, Callable[[Op, tuple[Value, ...], dict], Result]] = {
     Op.CHECK_INDEX: _check_index,
     Op.CONST: _const,
     Op.IOTA: _iota,
+    Op.SLICE: _slice,
+    Op.PAD: _pad,
+    Op.CAT: _cat,
+    Op.VIEW: _view,
 }
 
 ARITY = {
@@ -272,6 +355,9 @@ ARITY = {
     Op.CHECK_INDEX: 1,
     Op.CONST: 0,
     Op.IOTA: 0,
+    Op.SLICE: 1,
+    Op.PAD: 1,
+    Op.VIEW: 1,
 }
 
 

@@ -51,6 +51,13 @@ class Op(enum.Enum):
     # type and shape
     CAST = "cast"
     BROADCAST_IN_DIM = "broadcast_in_dim"
+    # layout: index maps along one dim, static (fuser/passes/views.py lowers them)
+    SLICE = "slice"
+    PAD = "pad"
+    CAT = "cat"
+    # the kernel-level form of a slice or pad along the last dim: a read of a kernel input
+    # through out[j] = x[scale * j + offset] for lo <= j < hi (0 elsewhere)
+    VIEW = "view"
     # guards: pass a value through, checked (fuser/ir/guards.py)
     CHECK_INDEX = "check_index"
     # reductions
@@ -99,7 +106,9 @@ LOGICAL = frozenset({Op.LOGICAL_AND, Op.LOGICAL_OR})
 BINARY = ARITH | COMPARE | LOGICAL
 TERNARY = frozenset({Op.WHERE})
 ELEMENTWISE = UNARY | BINARY | TERNARY | {Op.CAST}
-MOVEMENT = frozenset({Op.BROADCAST_IN_DIM})
+# index maps: a fused kernel reads through them (fuser/passes/views.py)
+LAYOUT = frozenset({Op.SLICE, Op.PAD, Op.CAT, Op.VIEW})
+MOVEMENT = frozenset({Op.BROADCAST_IN_DIM}) | LAYOUT
 # elementwise identities that check their operand: kept by every pass, fused like a unary op
 GUARD = frozenset({Op.CHECK_INDEX})
 REDUCE = frozenset({Op.SUM, Op.MAX, Op.MIN})

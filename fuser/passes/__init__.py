@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from fuser.ir.graph import Graph
 from fuser.passes.decompose import decompose
 from fuser.passes.simplify import concretize, cse, dce, eliminate_casts, fold_constants
+from fuser.passes.views import has_views, lower_views
 
 __all__ = [
     "Pipeline",
@@ -16,6 +17,7 @@ __all__ = [
     "decompose",
     "eliminate_casts",
     "fold_constants",
+    "lower_views",
     "run_pipeline",
 ]
 
@@ -35,8 +37,10 @@ class Pipeline:
 
 
 def run_pipeline(graph: Graph, relaxed_precision: bool = False) -> Pipeline:
-    """decompose -> fold constants -> eliminate casts -> CSE -> DCE."""
+    """[lower views ->] decompose -> fold constants -> eliminate casts -> CSE -> DCE."""
     stages = [graph]
+    if has_views(graph):  # a stage only where it does something: other pipelines print as before
+        stages.append(lower_views(stages[-1]))
     stages.append(decompose(stages[-1]))
     stages.append(fold_constants(stages[-1]))
     stages.append(eliminate_casts(stages[-1], relaxed_precision))

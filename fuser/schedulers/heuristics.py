@@ -12,7 +12,7 @@ from fuser.schedulers.device import Device
 from fuser.schedulers.online import looped_plan
 from fuser.schedulers.registers import buffer_registers
 from fuser.schedulers.schedule import Estimate, Schedule
-from fuser.schedulers.spec import KernelSpec, access_width
+from fuser.schedulers.spec import KernelSpec, access_width, view_width
 
 # A persistent row keeps at most this many buffer registers per thread; beyond it the
 # row is looped instead (nvFuser budgets about half of the 255 for buffers).
@@ -55,12 +55,20 @@ def vector_width(spec: KernelSpec, reasons: list[str], masked_tail: bool = True)
     loads = [a for a in fulls if not a.is_output] or fulls
     limits = [a.name for a in loads if access_width(spec, a, v) < v]
     v = min((access_width(spec, a, v) for a in loads), default=v)
+    views = [n for n in spec.views if view_width(spec, n, v) < v]
+    v = min((view_width(spec, n, v) for n in views), default=v)
     aligned = v
     while not masked_tail and v > 1 and spec.cols % v:
         v //= 2
     why = f"vector {v}: {v * widest} bytes per access of the widest tensor ({widest} B elements)"
     if limits:
         why += f"; narrowed by stride/alignment of {', '.join(sorted(set(limits)))}"
+    if views:
+        why += "; narrowed by the column offsets of " + ", ".join(
+            f"{n.out.name} (a read of {n.inputs[0].name} at {n.attr('scale')} * j + "
+            f"{n.attr('offset')}, columns [{n.attr('lo')}, {n.attr('hi')}))"
+            for n in views
+        )
     narrow = sorted({a.name for a in fulls if a.is_output and access_width(spec, a, v) < v})
     if narrow:
         why += f"; narrower stores to {', '.join(narrow)} (their rows start unaligned)"

@@ -45,7 +45,9 @@ def buffer_registers(spec: KernelSpec, elements_per_thread: int) -> int:
 
 def working_registers(spec: KernelSpec, elements_per_thread: int) -> int:
     """Registers for the chunk in flight: the loaded elements, packed 32 bits a register."""
-    words = sum(a.dtype.itemsize for a in spec.full_args() if not a.is_output) / 4
+    loaded = [a.dtype for a in spec.full_args() if not a.is_output]
+    loaded += [n.out.dtype for n in spec.views]  # a view reads its input once more
+    words = sum(d.itemsize for d in loaded) / 4
     return math.ceil(elements_per_thread * max(words, 1.0))
 
 
@@ -149,6 +151,9 @@ CUDA_OUTER_BASE = 12
 # Pointwise: ~20 plus one per element of the thread's tile share (packed loads, the fp32
 # math and the packed stores overlap).
 CUDA_POINTWISE_BASE = 20
+# A VIEW read (slice/cat) in a CUDA pointwise kernel: element loads at mapped columns, with
+# their own address and range predicate. A guess of 2 per view, to be measured with ptxas.
+CUDA_VIEW_REGISTERS = 2
 
 
 def _words(spec: KernelSpec, kinds: tuple, outputs: bool = False) -> float:
@@ -184,6 +189,9 @@ def cuda_registers(plan: KernelPlan) -> int:
     else:
         tile_vectors = s.threads_per_row * s.rows_per_block
         regs = CUDA_POINTWISE_BASE + max(tile_vectors // s.threads, 1) * s.vector
+        # a view's element reads: its address and predicate (an estimate, not yet
+        # calibrated against ptxas)
+        regs += CUDA_VIEW_REGISTERS * len(spec.views)
     if s.max_registers:
         regs = min(regs, s.max_registers)
     return min(regs, 255)

@@ -56,6 +56,21 @@ def access_width(spec: KernelSpec, a: Arg, width: int) -> int:
     return p
 
 
+def view_width(spec: KernelSpec, node: Node, width: int) -> int:
+    """Elements per access of a VIEW read (a slice or a cat piece) in a slot of `width`
+    columns: as access_width, and also its column offset and its range ends must fall on
+    a pack boundary (a slice at an odd offset reads odd columns: 1), and a strided read
+    (step > 1) is one element at a time."""
+    a = next(x for x in spec.args if x.value.id == node.inputs[0].id)
+    if node.attr("scale") != 1:
+        return 1
+    p = access_width(spec, a, width)
+    ends = [node.attr("offset"), node.attr("lo"), min(node.attr("hi"), spec.cols)]
+    while p > 1 and any(e % p for e in ends if e != spec.cols):
+        p //= 2
+    return p
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     name: str
@@ -158,6 +173,11 @@ class KernelSpec:
             )
             total += n * a.dtype.itemsize
         return total
+
+    @cached_property
+    def views(self) -> tuple[Node, ...]:
+        """The VIEW reads: each loads its input once more, at mapped columns."""
+        return tuple(n for n in self.nodes if n.op == Op.VIEW)
 
     def full_args(self) -> list[Arg]:
         return [a for a in self.args if a.kind == Kind.FULL]

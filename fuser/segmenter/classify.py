@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from fuser.ir.graph import Node, Value
-from fuser.ir.ops import ELEMENTWISE, GUARD, REDUCE, Op
+from fuser.ir.ops import ELEMENTWISE, GUARD, LAYOUT, REDUCE, Op
 
 
 class Kind(enum.Enum):
@@ -94,7 +94,12 @@ def _broadcast_source_kind(node: Node, domain: tuple[int, ...]) -> Kind:
 
 def pick_domain(nodes: list[Node]) -> tuple[int, ...]:
     """The largest shape (by rank, then elements) among the values of `nodes`."""
-    shapes = [tuple(v.shape) for n in nodes for v in (*n.inputs, *n.outputs)]
+    # a view's operand is read at other columns: its shape is not the kernel's
+    shapes = [
+        tuple(v.shape)
+        for n in nodes
+        for v in ((*n.inputs, *n.outputs) if n.op != Op.VIEW else n.outputs)
+    ]
     return max(shapes, key=lambda s: (len(s), math.prod(s)), default=())
 
 
@@ -126,9 +131,19 @@ def classify(nodes: list[Node]) -> Layout:
             f"{v.name} of shape {list(v.shape)} does not map onto rows x cols of {list(domain)}"
         )
 
+    produced = {v.id for node in nodes for v in node.outputs}
+    views: list[Node] = []
     for node in nodes:
         op = node.op
-        if op == Op.CONST:
+        if op == Op.VIEW:
+            views.append(node)
+            _view_kinds(node, domain, produced, kinds)
+        elif op in LAYOUT:
+            raise Rejected(
+                f"`{node.describe()}` is a {op.value} along dim {node.attr('dim')}: only the "
+                "last dim is an index map in a kernel (ATen slices or copies it)"
+            )
+        elif op == Op.CONST:
             assign(node.out, Kind.SCALAR, node)
         elif op == Op.IOTA:
             if tuple(node.attr("shape")) != domain or node.attr("dim") != n - 1:
@@ -173,9 +188,36 @@ def classify(nodes: list[Node]) -> Layout:
             raise Rejected(f"no scheduler takes `{node.describe()}` ({op.value})")
     if inner and outer:
         raise Rejected("mixes row reductions and column reductions")
+    if views and (inner or outer):
+        raise Rejected(f"`{views[0].describe()}`: views fuse into pointwise kernels only, so far")
     if outer:
         _check_single_round(nodes, kinds)
     return Layout(domain, tuple(kinds.items()), inner, outer)
+
+
+def _view_kinds(node: Node, domain: tuple[int, ...], produced: set[int], kinds: dict) -> None:
+    """A VIEW reads a kernel input (FULL or COL, like its result) at other columns."""
+    src, out = node.inputs[0], node.out
+    if src.id in produced:
+        raise Rejected(
+            f"`{node.describe()}` reads {src.name} through an index map, but this kernel "
+            f"computes {src.name}; a view reads a kernel input"
+        )
+    n = len(domain)
+    if tuple(out.shape) == domain and tuple(src.shape[:-1]) == domain[:-1]:
+        kind = Kind.FULL
+    elif n >= 1 and tuple(out.shape) in (domain[-1:], (1,) * (n - 1) + domain[-1:]):
+        kind = Kind.COL
+        if math.prod(src.shape[:-1]) != 1:
+            raise Rejected(f"`{node.describe()}`: {src.name} is not a column")
+    else:
+        raise Rejected(f"`{node.describe()}` is neither a full tile nor a column of {list(domain)}")
+    for v in (src, out):
+        if kinds.get(v.id, kind) != kind:
+            raise Rejected(
+                f"`{node.describe()}` uses {v.name} as {kind.value} and as {kinds[v.id].value}"
+            )
+        kinds[v.id] = kind
 
 
 def _check_single_round(nodes: list[Node], kinds: dict[int, Kind]) -> None:

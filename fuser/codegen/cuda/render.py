@@ -156,6 +156,8 @@ class CudaKernelWriter:
             return self.operand(node.inputs[0], ct)
         if op == Op.IOTA:
             return f"({ct})(col + i)"
+        if op == Op.VIEW:
+            return self.view(node)
         if op == Op.CAST:
             return self.cast(node.inputs[0], out.dtype)
         if op not in ELEMENTWISE:
@@ -179,6 +181,23 @@ class CudaKernelWriter:
             args = [self.operand(v, ct) for v in node.inputs]
         e = render_op(op, args, ct)
         return round_to(e, out.dtype) if out.dtype in HALF and op in ROUNDED else e
+
+    def view(self, node: Node) -> str:
+        """A read of a kernel input at mapped column scale * (col + i) + offset, one
+        element, guarded by the view's range [lo, hi) and the tile's rows and columns."""
+        a = self.args[node.inputs[0].id]
+        scale, offset, lo, hi = (node.attr(k) for k in ("scale", "offset", "lo", "hi"))
+        col = "(col + i)" if scale == 1 else f"(col + i) * {scale}"
+        col = col if not offset else f"({col} {'+' if offset > 0 else '-'} {abs(offset)})"
+        terms = [f"{col} * {a.col_stride}" if a.col_stride != 1 else col]
+        if a.kind == Kind.FULL and a.row_stride:
+            terms.insert(0, "row" if a.row_stride == 1 else f"row * {a.row_stride}")
+        ok = [f"row < {self.spec.rows}"] if a.kind == Kind.FULL else []
+        ok += [f"col + i >= {lo}"] if lo > 0 else []
+        ok += [f"col + i < {min(hi, self.spec.cols)}"]
+        mem = from_memory(f"{a.name}_ptr[{' + '.join(terms)}]", a.dtype)
+        ct = COMPUTE[node.out.dtype]
+        return f"({' && '.join(ok)}) ? {mem} : ({ct})1"
 
     def cast(self, src: Value, dst: DType) -> str:
         if src.id in self.consts:  # fold: the literal in the new dtype
@@ -380,7 +399,9 @@ class CudaKernelWriter:
         seen: set[int] = set()
         out = []
         kept = [self.value(i) for i in sorted(nest.keep) if i in self.args]
-        for v in [*kept, *(x for n in [*nest.nodes, *nest.reductions] for x in n.inputs)]:
+        # a VIEW reads its input itself, element by element at mapped columns
+        used = (x for n in [*nest.nodes, *nest.reductions] if n.op != Op.VIEW for x in n.inputs)
+        for v in [*kept, *used]:
             a = self.args.get(v.id)
             if a is None or a.is_output or v.id in seen:
                 continue

@@ -33,6 +33,8 @@ class Emitter:
         return (vid, chunk.index if per_chunk else None)
 
     def ensure_inputs(self, node: Node, chunk: Chunk | None) -> None:
+        if node.op == Op.VIEW:  # reads its input itself, at other columns
+            return
         for v in node.inputs:
             arg = self.kw.args.get(v.id)
             if arg is not None and not arg.is_output:

@@ -252,6 +252,31 @@ class TritonKernelWriter:
         src, out = node.inputs[0], node.out
         self.w.line(f"{self.name(out, chunk)} = {self.name(src, chunk)}")
 
+    def view(self, node: Node, chunk: Chunk | None) -> None:
+        """A read of a kernel input at mapped columns: scale * cols + offset, masked
+        outside the view's range [lo, hi) (and the rows and columns of the tile)."""
+        a = self.args[node.inputs[0].id]
+        cols = f"cols{chunk.suffix()}" if chunk else "cols"
+        scale, offset, lo, hi = (node.attr(k) for k in ("scale", "offset", "lo", "hi"))
+        col = cols if scale == 1 else f"{cols} * {scale}"
+        col = col if not offset else f"({col} {'+' if offset > 0 else '-'} {abs(offset)})"
+        terms = []
+        if a.kind == Kind.FULL and self.spec.rows > 1:
+            terms.append(f"rows * {a.row_stride}" if a.row_stride != 1 else "rows")
+        terms.append(f"{col} * {a.col_stride}" if a.col_stride != 1 else col)
+        masks = ["row_ok"] if a.kind == Kind.FULL and self.row_mask else []
+        if hi < self.spec.cols:
+            masks.append(f"({cols} < {hi})")
+        elif chunk is not None and chunk.masked:
+            masks.append(f"col_ok{chunk.suffix()}")
+        if lo > 0:
+            masks.append(f"({cols} >= {lo})")
+        other = "1.0" if a.dtype.is_float else "1"  # as load(): finite math in masked lanes
+        mask = f", mask={' & '.join(masks)}, other={other}" if masks else ""
+        self.w.line(
+            f"{self.name(node.out, chunk)} = tl.load({a.name}_ptr + {' + '.join(terms)}{mask})"
+        )
+
     def iota(self, node: Node, chunk: Chunk | None) -> None:
         cols = f"cols{chunk.suffix()}" if chunk else "cols"
         self.w.line(f"{self.name(node.out, chunk)} = {cols}.to({TL_DTYPE[node.out.dtype]})")
@@ -303,6 +328,8 @@ class TritonKernelWriter:
             self.broadcast(node, chunk)
         elif node.op == Op.IOTA:
             self.iota(node, chunk)
+        elif node.op == Op.VIEW:
+            self.view(node, chunk)
         elif node.op == Op.CHECK_INDEX:
             self.check_index(node, chunk)
         elif node.op in ELEMENTWISE:

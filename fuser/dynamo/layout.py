@@ -1,0 +1,75 @@
+"""Lowerings of slice, cat and slice_backward: index maps along the last dim.
+
+A fused kernel reads through them (fuser/passes/views.py), so `rotate_half` (two slices,
+a neg and a cat) and its backward (slices and slice_backward pads) join the
+multiply-adds around them. Along other dims they stay ATen views or copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from fuser.dynamo.context import LowerCtx, NotLowerable, arg, out_meta, register, static_shape
+
+aten = torch.ops.aten
+
+
+def _last_dim(node: fx.Node, dim: int, rank: int, what: str) -> int:
+    d = dim % rank if rank else 0
+    if rank == 0 or d != rank - 1:
+        raise NotLowerable(
+            f"{what} along dim {d} of a rank-{rank} tensor: only the last dim is an index "
+            "map in a fused kernel, so it stays an ATen view or copy"
+        )
+    return d
+
+
+def _bounds(start: Any, end: Any, size: int) -> tuple[int, int]:
+    """Python slice bounds as ATen normalizes them: negatives from the end, clamped."""
+    start = 0 if start is None else int(start)
+    end = size if end is None else int(end)
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    return start, min(max(end, start), size)
+
+
+@register(aten.slice.Tensor, free=True)
+def _slice(ctx: LowerCtx, node: fx.Node) -> Any:
+    x = ctx.tensor(node.args[0])
+    shape = [int(s) for s in x.shape]
+    d = _last_dim(node, arg(node, 1, "dim", 0), len(shape), "slice")
+    start, end = _bounds(arg(node, 2, "start"), arg(node, 3, "end"), shape[d])
+    step = int(arg(node, 4, "step", 1))
+    if (start, end, step) == (0, shape[d], 1):
+        return ctx.finish(node, [x])
+    return ctx.finish(node, [ctx.ops.slice(x, d, start, end, step)])
+
+
+@register(aten.slice_backward.default)
+def _slice_backward(ctx: LowerCtx, node: fx.Node) -> Any:
+    g = ctx.tensor(node.args[0])
+    sizes = [int(s) for s in node.args[1]]
+    d = _last_dim(node, int(node.args[2]), len(sizes), "slice_backward")
+    start, end = _bounds(node.args[3], node.args[4], sizes[d])
+    if int(node.args[5]) != 1:
+        raise NotLowerable("slice_backward with a step: fuser pads only contiguous ranges")
+    if end - start != int(g.shape[d]):
+        raise NotLowerable(f"slice_backward: {end - start} columns, the gradient has {g.shape[d]}")
+    return ctx.finish(node, [ctx.ops.pad(g, d, start, sizes[d] - end)])
+
+
+@register(aten.cat.default)
+def _cat(ctx: LowerCtx, node: fx.Node) -> Any:
+    out = out_meta(node)
+    shape = static_shape(out, node.name)
+    d = _last_dim(node, arg(node, 1, "dim", 0), len(shape), "cat")
+    # ATen skips legacy empty [0] operands; the others are cast to the result's dtype
+    xs = [ctx.cast(ctx.tensor(t), out.dtype) for t in node.args[0]]
+    xs = [x for x in xs if [int(s) for s in x.shape] != [0] and int(x.shape[-1]) > 0]
+    if len(xs) == 1:
+        return ctx.finish(node, xs)
+    return ctx.finish(node, [ctx.ops.cat(xs, d)])
