@@ -349,7 +349,7 @@ class _Launcher:
 def _launch_plan(kernel: Any, index: int) -> tuple[bytes, str, list[tuple[str, tuple, int]]]:
     """(cubin, its cache key, [(function name, grid, threads)]) of `kernel` on device
     `index`: the kernel, then its finalize pass when it has workspaces."""
-    from fuser.codegen.cuda.kernels import finalize_threads
+    from fuser.codegen.cuda.outer import finalize_threads
 
     s = kernel.schedule
     arch = device_arch(index)

@@ -204,7 +204,7 @@ def _build(text: str) -> ctypes.CDLL:
 def emulate(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
     """Run `kernel` (backend "cuda") on CPU `tensors`, as launch_cuda does on a GPU
     (`checks`: its error record and flag, when it has check_index nodes)."""
-    from fuser.codegen.cuda.kernels import finalize_threads
+    from fuser.codegen.cuda.outer import finalize_threads
     from fuser.codegen.cuda.templates import acc_type
 
     if not available():
