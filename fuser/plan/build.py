@@ -144,7 +144,10 @@ def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
 
 
 def plan_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
-    return _common(spec, s, row_guard=True, workspaces=_workspaces(spec, s))
+    workspaces = _workspaces(spec, s)
+    # one finalize thread per column vector of the tile, at least a warp
+    finalize = max(32, s.threads_per_row) if workspaces else 0
+    return _common(spec, s, row_guard=True, workspaces=workspaces, finalize_threads=finalize)
 
 
 PLANNERS: dict[str, Callable[[KernelSpec, Schedule], KernelPlan]] = {

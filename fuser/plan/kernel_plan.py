@@ -29,6 +29,8 @@ IGNORED_BY = {
         "tail_vector": "Triton lays the tail tile out over the threads itself",
         "packs": "Triton vectorizes what its alignment analysis proves (tl.multiple_of)",
         "kept": "Triton keeps a chunk's SSA values live as long as a later pass uses them",
+        "finalize_threads": "Triton's finalize launches with num_warps=4 over a column tile it "
+        "lays out itself",
     },
 }
 
@@ -83,6 +85,8 @@ class KernelPlan:
     # inner looped: the passes over the row and the online max-and-sum pairs
     looped: LoopedPlan | None = None
     workspaces: tuple[Workspace, ...] = ()
+    # threads of the finalize launch adding the workspaces' partials (0: no finalize)
+    finalize_threads: int = 0
     spec: KernelSpec = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     schedule: Schedule = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 

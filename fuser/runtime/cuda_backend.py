@@ -21,6 +21,7 @@ from typing import Any
 
 from fuser.errors import CompileError, FuserError
 from fuser.runtime.cache import digest, load_entry, store_entry
+from fuser.runtime.cuda_emulator import emulate
 
 # "auto" and "bindings" launch through a prepared cuda.bindings driver call (fast);
 # "core" through cuda.core's general launch (tests compare the two)
@@ -349,14 +350,12 @@ class _Launcher:
 def _launch_plan(kernel: Any, index: int) -> tuple[bytes, str, list[tuple[str, tuple, int]]]:
     """(cubin, its cache key, [(function name, grid, threads)]) of `kernel` on device
     `index`: the kernel, then its finalize pass when it has workspaces."""
-    from fuser.codegen.cuda.outer import finalize_threads
-
     s = kernel.schedule
     arch = device_arch(index)
     cubin = compile_cubin(kernel.source, kernel.name, arch, s.max_registers)
     plan = [(kernel.name, s.grid, s.threads)]
     if kernel.workspaces:
-        plan.append((kernel.name + "_finalize", (s.grid[0],), finalize_threads(s)))
+        plan.append((kernel.name + "_finalize", (s.grid[0],), kernel.plan.finalize_threads))
     return cubin, digest(kernel.source, arch), plan
 
 
@@ -379,8 +378,6 @@ def launch_cuda(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None
     import torch
 
     if EMULATE_ON_CPU and all(t.device.type == "cpu" for t in tensors):
-        from fuser.codegen.cuda.emulate import emulate
-
         emulate(kernel, tensors, checks)
         return
     if not tensors or any(t.device.type != "cuda" for t in tensors):

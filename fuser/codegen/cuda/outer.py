@@ -8,7 +8,6 @@ from contextlib import nullcontext
 from fuser.codegen.cuda.render import CudaKernelWriter, Nest, Region, cdiv, slot_region
 from fuser.codegen.cuda.templates import COMPUTE, REDUCE_FN, acc_type, combine, round_to
 from fuser.ir.graph import Node, Value
-from fuser.schedulers.schedule import Schedule
 from fuser.segmenter import Kind
 
 
@@ -140,16 +139,10 @@ def _epilogue(kw: CudaKernelWriter, reds: list[Node], col_ok: str | None) -> Non
     kw.emit_nest(Nest([region], 1, "c", nodes, given=given))
 
 
-def finalize_threads(s: Schedule) -> int:
-    """Threads of a split column reduction's finalize kernel: one per column vector of
-    the tile, at least a warp."""
-    return max(32, s.threads_per_row)
-
-
 def _finalize(kw: CudaKernelWriter, reds: list[Node], ws: list[tuple[str, str]]) -> None:
     spec, s, w = kw.spec, kw.s, kw.w
     v, tpr = s.vector, s.threads_per_row
-    threads = finalize_threads(s)
+    threads = s.finalize_threads
     kw.col_arrays = set()
     kw.arrays = set()
     w.line(kw.signature(spec.name + "_finalize", threads))
