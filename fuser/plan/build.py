@@ -109,7 +109,6 @@ def _common(spec: KernelSpec, s: Schedule, **fields: object) -> KernelPlan:
         split_rows=s.split_rows,
         programs=s.programs,
         index_bits=s.index_bits,
-        max_registers=s.max_registers,
         grid=s.grid,
         row_guard=not s.even_rows,
         col_guard=spec.cols % s.chunk != 0,

@@ -71,7 +71,6 @@ class KernelPlan:
     split_rows: int
     programs: int  # resident programs of a prefetching row loop (0: one program per block)
     index_bits: int
-    max_registers: int | None
     grid: tuple[int, ...]
     # predicates: a partial last row block; a chunk reaching past the row end
     row_guard: bool

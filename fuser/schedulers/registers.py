@@ -184,6 +184,4 @@ def cuda_registers(plan: KernelPlan) -> int:
     else:
         tile_vectors = s.threads_per_row * s.rows_per_block
         regs = CUDA_POINTWISE_BASE + max(tile_vectors // s.threads, 1) * s.vector
-    if s.max_registers:
-        regs = min(regs, s.max_registers)
     return min(regs, 255)

@@ -38,7 +38,6 @@ from fuser.codegen.cuda.templates import (
 )
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import REDUCE, Op
-from fuser.plan.kernel_plan import KernelPlan
 from fuser.schedulers.spec import CHECK_PARAMS, Arg
 from fuser.segmenter import Kind
 
@@ -369,10 +368,11 @@ class CudaKernelWriter(CudaExpressions):
         params += [f"{ct}* __restrict__ {ws}_ptr" for ws, ct in self.workspaces()]
         if self.spec.checks:  # the error record and the host's flag (runtime/checks.py)
             params += [f"long long* {name}" for name in CHECK_PARAMS]
-        blocks = min_blocks(self.s, threads)
-        bounds = f"{threads}, {blocks}" if blocks > 1 else f"{threads}"
+        # no minimum of blocks per SM: asking for the occupancy the estimate plans made
+        # ptxas grow to the cap it implies (12288: 78 -> 111 registers) and spill where the
+        # estimate was low (1280: 8 bytes, fp32 layernorm 768: 24 bytes); ptxas chooses
         joined = ",\n    ".join(params)
-        return f'extern "C" __global__ void __launch_bounds__({bounds})\n{name}(\n    {joined})'
+        return f'extern "C" __global__ void __launch_bounds__({threads})\n{name}(\n    {joined})'
 
     def constants(self, **names: int) -> None:
         """`constexpr int` lines naming the schedule's numbers used in the body."""
@@ -381,16 +381,6 @@ class CudaKernelWriter(CudaExpressions):
 
 def identity_of(n: Node) -> str:
     return identity(n.op, n.inputs[0].dtype)
-
-
-def min_blocks(plan: KernelPlan, threads: int) -> int:
-    """Blocks per SM for `__launch_bounds__`: only a schedule with a register cap asks for
-    more than one. Asking for the occupancy the estimate plans made ptxas grow to the cap
-    it implies (12288: 78 -> 111 registers) and spill where the estimate was low (1280:
-    8 bytes, fp32 layernorm 768: 24 bytes), so without a cap ptxas chooses."""
-    if not plan.max_registers:
-        return 1
-    return max(1, 65536 // (threads * plan.max_registers))
 
 
 PER_THREAD = (Kind.ROW, Kind.SCALAR)
