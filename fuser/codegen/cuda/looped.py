@@ -27,8 +27,7 @@ def inner_looped(kw: CudaKernelWriter) -> str:
     v, tpr, unroll = s.vector, s.threads_per_row, s.unroll
     plan = s.looped
     chunk = s.chunk
-    width = chunk * unroll
-    full_end = spec.cols // width * width
+    width, full_end = s.walk_width, s.walk_end
     rem = spec.cols - full_end
     tail_slots = cdiv(rem, chunk)
     w.line(kw.signature(spec.name, tpr))

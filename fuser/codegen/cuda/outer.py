@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from fuser.codegen.cuda.render import CudaKernelWriter, Nest, Region, cdiv, slot_region
+from fuser.codegen.cuda.render import CudaKernelWriter, Nest, Region, slot_region
 from fuser.codegen.cuda.templates import COMPUTE, REDUCE_FN, acc_type, combine, round_to
 from fuser.ir.graph import Node, Value
 from fuser.segmenter import Kind
@@ -15,12 +15,10 @@ def outer_reduction(kw: CudaKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     v, tpr, threads, split = s.vector, s.threads_per_row, s.threads, s.split_rows
     ty_count = threads // tpr  # thread rows
-    rows_per_step = max(s.rows_per_block, ty_count)
-    in_flight = rows_per_step // ty_count
+    rows_per_step, in_flight = s.row_step, s.rows_in_flight
     step = rows_per_step * split
-    trips = cdiv(spec.rows, step)
-    row_guard = spec.rows % step != 0
-    col_guard = spec.cols % s.chunk != 0
+    trips = s.row_steps
+    row_guard, col_guard = s.row_guard, s.col_guard
     reds = list(spec.reductions)
     ws = kw.workspaces()
 
@@ -151,7 +149,7 @@ def _finalize(kw: CudaKernelWriter, reds: list[Node], ws: list[tuple[str, str]])
         kw.constants(COLS=spec.cols, V=v, CHUNK=s.chunk, SPLIT=s.split_rows)
         w.line("const int col = blockIdx.x * CHUNK + threadIdx.x * V;")
         conds = ([f"threadIdx.x < {tpr}"] if threads > tpr else []) + (
-            ["col < COLS"] if spec.cols % s.chunk else []
+            ["col < COLS"] if s.col_guard else []
         )
         col_ok = "col_ok" if conds else None
         if conds:

@@ -32,7 +32,8 @@ def inner_persistent(kw: CudaKernelWriter) -> str:
             "const int lane = threadIdx.x % TPR;" if rpb > 1 else "const int lane = threadIdx.x;"
         )
         row_ok = "row_ok" if row_guard else None
-        full_guard = batch * chunk > spec.cols
+        # with a tail, the full chunks end inside the row and only the tail is predicated
+        full_guard = s.col_guard and not tail_v
         regions = [
             slot_region(
                 "c",
@@ -45,7 +46,7 @@ def inner_persistent(kw: CudaKernelWriter) -> str:
             )
         ]
         if tail_v:
-            tail_guard = batch * chunk + tpr * tail_v > spec.cols
+            tail_guard = s.col_guard
             regions.append(
                 Region(
                     "",

@@ -12,9 +12,9 @@ def pointwise(kw: CudaKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     v, tpr, rpb, threads = s.vector, s.threads_per_row, s.rows_per_block, s.threads
     tile = tpr * rpb  # vectors per tile
-    per_thread = max(1, tile // threads)
-    row_guard = spec.rows % rpb != 0 or tile < threads
-    col_guard = spec.cols % s.chunk != 0
+    per_thread = s.vectors_per_thread
+    row_guard = s.row_guard or s.idle_threads > 0
+    col_guard = s.col_guard
     w.line(kw.signature(spec.name, threads))
     with w.block("{", "}"):
         w.comment(
@@ -43,7 +43,7 @@ def pointwise(kw: CudaKernelWriter) -> str:
             if col_guard:
                 setup.append("const bool col_ok = col < COLS;")
         if row_guard:
-            ok = (f"threadIdx.x < {tile} && " if tile < threads else "") + "row < ROWS"
+            ok = (f"threadIdx.x < {tile} && " if s.idle_threads else "") + "row < ROWS"
             setup.append(f"const bool row_ok = {ok};")
         region = slot_region(
             "j",
