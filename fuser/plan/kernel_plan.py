@@ -25,7 +25,12 @@ from fuser.schedulers.spec import Arg, KernelSpec
 # plan fields a backend does not print, and why (item 4 of issue 17: every field is read
 # by both renderers or says why one ignores it)
 IGNORED_BY = {
+    "cuda": {
+        "tail": "a CUDA thread covers the tail chunk with tail_vector elements, made from it",
+    },
     "triton": {
+        "unroll": "Triton chooses its own unroll: it walks walk_width (chunk x unroll) "
+        "columns an iteration as one tile",
         "tail_vector": "Triton lays the tail tile out over the threads itself",
         "packs": "Triton vectorizes what its alignment analysis proves (tl.multiple_of)",
         "kept": "Triton keeps a chunk's SSA values live as long as a later pass uses them",
