@@ -11,12 +11,8 @@ from fuzz_helpers import BF16, DEVICE, F16, F32, assert_agrees, define, randn
 
 from fuser import FusionDefinition
 from fuser.fuzz.case import InputSpec, make_input
-from fuser.fuzz.check import (
-    compare,
-    compare_output,
-    judge,
-    reference,
-)
+from fuser.fuzz.check import compare, compare_output, judge
+from fuser.fuzz.reference import reference
 
 
 # -- GPU soak of 2026-11-22 (seed 11, 8199 fusions): its two mismatches -----------------

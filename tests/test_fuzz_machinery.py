@@ -22,14 +22,10 @@ from fuser.config import config
 from fuser.errors import FuserError
 from fuser.fuzz import __main__ as fuzz_cli
 from fuser.fuzz.case import FuzzCase, InputSpec, Ref, Step, build, make_input, repro, with_layout
-from fuser.fuzz.check import (
-    compare_output,
-    judge,
-    perturbed_runs,
-    reference,
-)
+from fuser.fuzz.check import compare_output, judge, perturbed_runs
 from fuser.fuzz.generator import CPU, GPU, fuzz_cases
 from fuser.fuzz.known import KNOWN
+from fuser.fuzz.reference import reference
 from fuser.fuzz.runner import Outcome, Stats, check_case, run_batch
 from fuser.runtime import cuda_backend
 
