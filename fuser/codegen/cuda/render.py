@@ -16,6 +16,11 @@ Every memory access belongs to a *nest*: the slots a thread walks in one pass (t
 chunks of a row, the vectors of a pointwise tile, the rows in flight of a column
 reduction). A nest first issues the loads of all its slots, then computes element by
 element and stores, so every load is in flight at once.
+
+This module holds the writer's memory accesses, reductions, nests and kernel frame;
+expressions.py the C expressions of values (its base class); one module per kernel kind
+writes the bodies (pointwise.py, persistent.py, looped.py, outer.py; kernels.py maps a
+plan's kind to one).
 """
 
 from __future__ import annotations
