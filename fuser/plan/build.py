@@ -147,7 +147,15 @@ def plan_inner_persistent(spec: KernelSpec, s: Schedule) -> KernelPlan:
 def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
     width = s.chunk * s.unroll
     end = spec.cols // width * width
-    return _common(spec, s, looped=looped_plan(spec), walk_width=width, walk_end=end)
+    tail_slots = -(-(spec.cols - end) // s.chunk)
+    return _common(
+        spec,
+        s,
+        looped=looped_plan(spec),
+        walk_width=width,
+        walk_end=end,
+        walk_tail_slots=tail_slots,
+    )
 
 
 def plan_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:

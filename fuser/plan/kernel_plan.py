@@ -40,6 +40,8 @@ IGNORED_BY = {
         "masks every step (the CUDA thread rows may take more)",
         "rows_in_flight": "Triton's outer row loop loads one [rows_per_block, chunk] tile a step",
         "row_steps": "Triton's outer row loop takes rows_per_block rows a step",
+        "walk_tail_slots": "Triton walks a looped row's tail as one tile, the next power of "
+        "two wide",
         "finalize_threads": "Triton's finalize launches with num_warps=4 over a column tile it "
         "lays out itself",
     },
@@ -116,9 +118,11 @@ class KernelPlan:
     rows_in_flight: int = 1
     row_steps: int = 0
     # inner looped: a row is walked walk_width columns an iteration (unroll chunks) up to
-    # walk_end; the rest is one tail walk
+    # walk_end; the rest is one tail walk of walk_tail_slots chunks, the last predicated
+    # if col_guard
     walk_width: int = 0
     walk_end: int = 0
+    walk_tail_slots: int = 0
     # threads of the finalize launch adding the workspaces' partials (0: no finalize)
     finalize_threads: int = 0
     spec: KernelSpec = field(default=None, compare=False, repr=False)  # type: ignore[assignment]

@@ -10,7 +10,6 @@ from fuser.codegen.cuda.render import (
     PER_THREAD,
     CudaKernelWriter,
     Nest,
-    cdiv,
     row_nodes,
     slot_region,
 )
@@ -29,7 +28,7 @@ def inner_looped(kw: CudaKernelWriter) -> str:
     chunk = s.chunk
     width, full_end = s.walk_width, s.walk_end
     rem = spec.cols - full_end
-    tail_slots = cdiv(rem, chunk)
+    tail_slots = s.walk_tail_slots
     w.line(kw.signature(spec.name, tpr))
     with w.block("{", "}"):
         w.comment(
@@ -53,7 +52,7 @@ def inner_looped(kw: CudaKernelWriter) -> str:
                     nest.regions = [slot_region("u", unroll, setup, v)]
                     _emit_looped_nest(kw, nest, pairs)
             if rem:
-                exact = rem == tail_slots * chunk
+                exact = not s.col_guard  # the tail is whole chunks
                 setup = ["const int col = FULL_END + u * CHUNK + lane * V;"]
                 setup += [] if exact else ["const bool col_ok = col < COLS;"]
                 w.comment(f"the last {rem} columns" + ("" if exact else ", predicated"), "//")

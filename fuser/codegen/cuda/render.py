@@ -391,10 +391,6 @@ def identity_of(n: Node) -> str:
 PER_THREAD = (Kind.ROW, Kind.SCALAR)
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def slot_region(var: str, count: int, setup: list[str], width: int, **guards: str | None) -> Region:
     """A region looping `var` over `count` slots (or naming the single slot 0)."""
     if count == 1:
