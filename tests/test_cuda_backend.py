@@ -338,7 +338,7 @@ def test_emulator_catches_a_misaligned_pack(emulated):
     (16-byte packs), run on a view that starts one element into its storage."""
     from test_cuda_cases import misaligned
 
-    from fuser.codegen.cuda.emulate import emulate
+    from fuser.runtime.cuda_emulator import emulate
 
     fd = define(lambda fd: fd.add_output(fd.ops.exp(fd.define_tensor([-1, -1], F16))), "bad")
     (k,) = fd.compile([torch.randn(4, 64).to(F16)], "h100", "cuda")

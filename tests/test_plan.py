@@ -3,6 +3,8 @@ backends are objects found by name in one place."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import random
 import re
 from pathlib import Path
@@ -15,6 +17,7 @@ from fuser.backends.registry import BACKENDS, get_backend
 from fuser.errors import FuserError
 from fuser.examples import seed_layernorm_fusion
 from fuser.plan.build import make_plan, tail_vector
+from fuser.plan.kernel_plan import IGNORED_BY, KernelPlan
 from fuser.schedulers.spec import access_width
 
 FUSER = Path(__file__).resolve().parent.parent / "fuser"
@@ -126,3 +129,63 @@ def _outer(rows: int):
     (k,) = fd.compile([meta(rows, 3072, dtype=torch.bfloat16)], "h100", "triton")
     assert k.schedule.split_rows > 1
     return k.spec, k.schedule
+
+
+# where each backend reads a plan: its renderer, and the runtime that compiles and launches
+# what it renders (launch sizes such as num_warps are read there)
+READERS = {
+    "cuda": [
+        "codegen/cuda",
+        "backends/cuda.py",
+        "runtime/cuda_backend.py",
+        "runtime/cuda_emulator.py",
+    ],
+    "triton": [
+        "codegen/triton",
+        "backends/triton.py",
+        "runtime/triton_backend.py",
+        "runtime/kernel.py",
+    ],
+}
+
+
+def _reads_through(cls: type) -> dict[str, set[str]]:
+    """Plan property or method -> the fields it reads (`self.x`), transitively."""
+    direct = {
+        name: set(re.findall(r"self\.(\w+)", inspect.getsource(getattr(member, "fget", member))))
+        for name, member in vars(cls).items()
+        if not name.startswith("_")
+        and name != "text"  # text() prints them all
+        and (isinstance(member, property) or inspect.isfunction(member))
+    }
+    changed = True
+    while changed:
+        changed = False
+        for reads in direct.values():
+            more = set().union(*(direct.get(r, set()) for r in reads)) - reads
+            if more:
+                reads |= more
+                changed = True
+    return direct
+
+
+@pytest.mark.parametrize("backend", sorted(READERS))
+def test_every_plan_field_is_read_or_said_ignored(backend: str) -> None:
+    """Issue 17 item 4: every field of the plan is read by both backends (directly or
+    through a plan property such as `chunk` or `chunks()`), or IGNORED_BY says why one
+    does not read it."""
+    files = []
+    for where in READERS[backend]:
+        path = FUSER / where
+        files += sorted(path.glob("*.py")) if path.is_dir() else [path]
+    source = "\n".join(p.read_text() for p in files)
+    read = {f for f in re.findall(r"\.(\w+)\b", source)}
+    for prop, fields in _reads_through(KernelPlan).items():
+        if prop in read:
+            read |= fields
+    ignored = IGNORED_BY.get(backend, {})
+    for f in dataclasses.fields(KernelPlan):
+        if f.name in ("spec", "schedule"):  # what the plan was made from
+            continue
+        assert f.name in read or f.name in ignored, f"{backend} never reads plan.{f.name}"
+        assert not (f.name in read and f.name in ignored), f"{backend} reads plan.{f.name}"

@@ -14,7 +14,6 @@ class Limits:
     """What a backend's kernels can do, for the schedulers."""
 
     max_threads: int = 1024
-    max_registers: int = 255
     vector_bytes: int = 16  # widest access per thread
     # a split column reduction may mask the row's last partial vector (False: the vector
     # must divide the columns)

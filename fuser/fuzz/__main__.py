@@ -266,7 +266,7 @@ def _print(report: dict[str, Any]) -> None:
     print(f"fusions per backend: {report.get('per_backend', {})}")
     print(f"schedules: {report['kinds']}; ATen fallback segments: {report['fallback_segments']}")
     if report["known"]:
-        print(f"known bugs seen (xfailed in tests/test_fuzz.py): {report['known']}")
+        print(f"known bugs seen (xfailed in tests/test_fuzz_found_*.py): {report['known']}")
     for ex in report.get("invalid_examples", []):
         print(f"generator failure (a fuzzer bug): {ex[:1500]}")
     for f in report["failures"]:

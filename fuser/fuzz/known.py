@@ -16,7 +16,7 @@ from fuser.fuzz.case import FuzzCase
 @dataclass(frozen=True)
 class Known:
     id: str
-    test: str  # the strict-xfail regression test
+    test: str  # the strict-xfail regression test: tests/test_fuzz_found_*.py::name
     matches: Callable[[str, FuzzCase], bool]
 
 

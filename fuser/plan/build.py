@@ -109,7 +109,6 @@ def _common(spec: KernelSpec, s: Schedule, **fields: object) -> KernelPlan:
         split_rows=s.split_rows,
         programs=s.programs,
         index_bits=s.index_bits,
-        max_registers=s.max_registers,
         grid=s.grid,
         row_guard=not s.even_rows,
         col_guard=spec.cols % s.chunk != 0,
@@ -121,7 +120,13 @@ def _common(spec: KernelSpec, s: Schedule, **fields: object) -> KernelPlan:
 
 
 def plan_pointwise(spec: KernelSpec, s: Schedule) -> KernelPlan:
-    return _common(spec, s)
+    tile = s.threads_per_row * s.rows_per_block  # vectors of a block's tile
+    return _common(
+        spec,
+        s,
+        vectors_per_thread=max(1, tile // s.threads),
+        idle_threads=max(0, s.threads - tile),
+    )
 
 
 def plan_inner_persistent(spec: KernelSpec, s: Schedule) -> KernelPlan:
@@ -140,11 +145,38 @@ def plan_inner_persistent(spec: KernelSpec, s: Schedule) -> KernelPlan:
 
 
 def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
-    return _common(spec, s, looped=looped_plan(spec))
+    width = s.chunk * s.unroll
+    end = spec.cols // width * width
+    tail_slots = -(-(spec.cols - end) // s.chunk)
+    return _common(
+        spec,
+        s,
+        looped=looped_plan(spec),
+        walk_width=width,
+        walk_end=end,
+        walk_tail_slots=tail_slots,
+    )
 
 
 def plan_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
-    return _common(spec, s, row_guard=True, workspaces=_workspaces(spec, s))
+    workspaces = _workspaces(spec, s)
+    # one finalize thread per column vector of the tile, at least a warp
+    finalize = max(32, s.threads_per_row) if workspaces else 0
+    # the block's threads stand in thread rows of threads_per_row; a step takes at least
+    # one row per thread row, rows_per_block if that is more
+    thread_rows = s.threads // s.threads_per_row
+    row_step = max(s.rows_per_block, thread_rows)
+    covered = row_step * s.split_rows  # rows of one step of all the split blocks
+    return _common(
+        spec,
+        s,
+        row_guard=spec.rows % covered != 0,
+        workspaces=workspaces,
+        finalize_threads=finalize,
+        row_step=row_step,
+        rows_in_flight=row_step // thread_rows,
+        row_steps=-(-spec.rows // covered),
+    )
 
 
 PLANNERS: dict[str, Callable[[KernelSpec, Schedule], KernelPlan]] = {

@@ -25,10 +25,25 @@ from fuser.schedulers.spec import Arg, KernelSpec
 # plan fields a backend does not print, and why (item 4 of issue 17: every field is read
 # by both renderers or says why one ignores it)
 IGNORED_BY = {
+    "cuda": {
+        "tail": "a CUDA thread covers the tail chunk with tail_vector elements, made from it",
+    },
     "triton": {
+        "unroll": "Triton chooses its own unroll: it walks walk_width (chunk x unroll) "
+        "columns an iteration as one tile",
         "tail_vector": "Triton lays the tail tile out over the threads itself",
         "packs": "Triton vectorizes what its alignment analysis proves (tl.multiple_of)",
         "kept": "Triton keeps a chunk's SSA values live as long as a later pass uses them",
+        "vectors_per_thread": "Triton spreads a pointwise tile over the threads itself",
+        "idle_threads": "Triton spreads a pointwise tile over the threads itself",
+        "row_step": "Triton's outer row loop takes rows_per_block rows a step, one tile, and "
+        "masks every step (the CUDA thread rows may take more)",
+        "rows_in_flight": "Triton's outer row loop loads one [rows_per_block, chunk] tile a step",
+        "row_steps": "Triton's outer row loop takes rows_per_block rows a step",
+        "walk_tail_slots": "Triton walks a looped row's tail as one tile, the next power of "
+        "two wide",
+        "finalize_threads": "Triton's finalize launches with num_warps=4 over a column tile it "
+        "lays out itself",
     },
 }
 
@@ -41,6 +56,16 @@ class RowPass:
     index: int
     nodes: tuple[Node, ...]
     reductions: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class RowChunk:
+    """One column tile of a persistent row: its first column, its width, and whether it
+    reaches past the row's end (its lanes there are masked)."""
+
+    offset: int
+    width: int
+    masked: bool
 
 
 @dataclass(frozen=True)
@@ -69,9 +94,9 @@ class KernelPlan:
     split_rows: int
     programs: int  # resident programs of a prefetching row loop (0: one program per block)
     index_bits: int
-    max_registers: int | None
     grid: tuple[int, ...]
-    # predicates: a partial last row block; a chunk reaching past the row end
+    # predicates: a partial last row block (outer: a last step of the row loop reaching past
+    # the rows); a chunk reaching past the row end
     row_guard: bool
     col_guard: bool
     # elements per access of each tensor argument in a slot of each width the kernel uses
@@ -83,6 +108,23 @@ class KernelPlan:
     # inner looped: the passes over the row and the online max-and-sum pairs
     looped: LoopedPlan | None = None
     workspaces: tuple[Workspace, ...] = ()
+    # pointwise: vectors of the block's tile each thread walks, and the threads holding
+    # none (a tile smaller than the block: they are predicated off)
+    vectors_per_thread: int = 1
+    idle_threads: int = 0
+    # outer: the row loop; each step a block covers row_step rows, rows_in_flight loads a
+    # thread (its thread rows x rows in flight), every split_rows-th step is this block's
+    row_step: int = 0
+    rows_in_flight: int = 1
+    row_steps: int = 0
+    # inner looped: a row is walked walk_width columns an iteration (unroll chunks) up to
+    # walk_end; the rest is one tail walk of walk_tail_slots chunks, the last predicated
+    # if col_guard
+    walk_width: int = 0
+    walk_end: int = 0
+    walk_tail_slots: int = 0
+    # threads of the finalize launch adding the workspaces' partials (0: no finalize)
+    finalize_threads: int = 0
     spec: KernelSpec = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     schedule: Schedule = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
@@ -103,12 +145,12 @@ class KernelPlan:
     def chunk_count(self) -> int:
         return self.persistent_batch + (1 if self.tail else 0)
 
-    def chunks(self) -> list[tuple[int, int]]:
-        """(offset, size) of every chunk of a row; the last may be a smaller tail."""
+    def chunks(self) -> list[RowChunk]:
+        """Every chunk of a persistent row; the last may be a smaller tail."""
         out = [(i * self.chunk, self.chunk) for i in range(self.persistent_batch)]
         if self.tail:
             out.append((self.persistent_batch * self.chunk, self.tail))
-        return out
+        return [RowChunk(off, width, off + width > self.cols) for off, width in out]
 
     def pack(self, a: Arg, width: int) -> int:
         """Elements per access of `a` in a slot of `width` elements."""
@@ -135,6 +177,22 @@ class KernelPlan:
         lines.append(tile)
         if self.programs:
             lines.append(f"  row loop: {self.programs} resident programs prefetch their next row")
+        if self.kind == "pointwise":
+            lines.append(
+                f"  {self.vectors_per_thread} vector(s) a thread"
+                + (f"; {self.idle_threads} threads idle" if self.idle_threads else "")
+            )
+        if self.row_steps:
+            lines.append(
+                f"  row loop: {self.row_steps} step(s) of {self.row_step} rows a block "
+                f"({self.rows_in_flight} in flight a thread)"
+            )
+        if self.walk_width:
+            rest = self.cols - self.walk_end
+            lines.append(
+                f"  row walk: {self.walk_width} columns an iteration up to {self.walk_end}"
+                + (f", then a tail of {rest}" if rest else "")
+            )
         guards = [
             g
             for g, on in (

@@ -21,6 +21,7 @@ from typing import Any
 
 from fuser.errors import CompileError, FuserError
 from fuser.runtime.cache import digest, load_entry, store_entry
+from fuser.runtime.cuda_emulator import emulate
 
 # "auto" and "bindings" launch through a prepared cuda.bindings driver call (fast);
 # "core" through cuda.core's general launch (tests compare the two)
@@ -74,30 +75,26 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
-def _options(arch: str, max_registers: int | None) -> list[str]:
+def _options(arch: str) -> list[str]:
     # --fmad=false: no multiply-add contraction across ops eager rounds one by one (see
     # triton_backend.TRITON_OPTIONS); _nvrtc_core passes the same as fma=False
-    opts = [f"-arch={arch}", "-std=c++17", "--fmad=false", f"-diag-suppress={UNUSED_VARIABLE}"]
-    if max_registers:
-        opts.append(f"-maxrregcount={max_registers}")
-    return opts
+    return [f"-arch={arch}", "-std=c++17", "--fmad=false", f"-diag-suppress={UNUSED_VARIABLE}"]
 
 
-def _core_options(arch: str, max_registers: int | None) -> dict[str, Any]:
+def _core_options(arch: str) -> dict[str, Any]:
     """cuda.core's ProgramOptions for what `_options` says to the bindings path."""
     return {
         "arch": arch,
         "std": "c++17",
-        "max_register_count": max_registers,
         "diag_suppress": [UNUSED_VARIABLE],
         "fma": False,  # as --fmad=false in _options: NVRTC contracts by default
     }
 
 
-def _nvrtc_core(source: str, name: str, arch: str, max_registers: int | None) -> bytes:
+def _nvrtc_core(source: str, name: str, arch: str) -> bytes:
     from cuda.core import Program, ProgramOptions
 
-    opts = ProgramOptions(name=f"{name}.cu", **_core_options(arch, max_registers))
+    opts = ProgramOptions(name=f"{name}.cu", **_core_options(arch))
     try:
         return bytes(Program(source, "c++", opts).compile("cubin").code)
     except Exception as e:  # cuda.core raises its own NVRTCError carrying the log
@@ -106,7 +103,7 @@ def _nvrtc_core(source: str, name: str, arch: str, max_registers: int | None) ->
         raise
 
 
-def _nvrtc_bindings(source: str, name: str, arch: str, max_registers: int | None) -> bytes:
+def _nvrtc_bindings(source: str, name: str, arch: str) -> bytes:
     from cuda.bindings import nvrtc
 
     def check(result: tuple) -> Any:
@@ -117,7 +114,7 @@ def _nvrtc_bindings(source: str, name: str, arch: str, max_registers: int | None
 
     prog = check(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []))
     try:
-        opts = [o.encode() for o in _options(arch, max_registers)]
+        opts = [o.encode() for o in _options(arch)]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             size = check(nvrtc.nvrtcGetProgramLogSize(prog))
@@ -139,24 +136,24 @@ def _compile_error(name: str, arch: str, source: str, log: str) -> CompileError:
     )
 
 
-def _nvrtc(source: str, name: str, arch: str, max_registers: int | None) -> bytes:
+def _nvrtc(source: str, name: str, arch: str) -> bytes:
     if COMPILER in ("auto", "core"):
         try:
-            return _nvrtc_core(source, name, arch, max_registers)
+            return _nvrtc_core(source, name, arch)
         except (ImportError, AttributeError, TypeError):
             # cuda.core missing, or a version with another API: the plain bindings do it
             if COMPILER == "core":
                 raise
-    return _nvrtc_bindings(source, name, arch, max_registers)
+    return _nvrtc_bindings(source, name, arch)
 
 
-def compile_cubin(source: str, name: str, arch: str, max_registers: int | None = None) -> bytes:
+def compile_cubin(source: str, name: str, arch: str) -> bytes:
     """The cubin of `source` for `arch` ("sm_90"), from memory, disk or NVRTC."""
     t0 = time.perf_counter()
     # the compiler and its options are part of the key: a cubin made with others (FMA
     # contraction) is stale
-    core = sorted(_core_options(arch, max_registers).items())
-    key = digest(source, arch, nvrtc_version(), COMPILER, _options(arch, max_registers), core)
+    core = sorted(_core_options(arch).items())
+    key = digest(source, arch, nvrtc_version(), COMPILER, _options(arch), core)
     with _lock:
         cubin = _cubins.get(key)
     if cubin is not None:
@@ -172,7 +169,7 @@ def compile_cubin(source: str, name: str, arch: str, max_registers: int | None =
             cubin = None
     if cubin is None:
         origin = "nvrtc"
-        cubin = _nvrtc(source, name, arch, max_registers)
+        cubin = _nvrtc(source, name, arch)
         store_entry(
             "cuda", key, {"name": name, "arch": arch, "cubin": base64.b64encode(cubin).decode()}
         )
@@ -349,14 +346,12 @@ class _Launcher:
 def _launch_plan(kernel: Any, index: int) -> tuple[bytes, str, list[tuple[str, tuple, int]]]:
     """(cubin, its cache key, [(function name, grid, threads)]) of `kernel` on device
     `index`: the kernel, then its finalize pass when it has workspaces."""
-    from fuser.codegen.cuda.kernels import finalize_threads
-
     s = kernel.schedule
     arch = device_arch(index)
-    cubin = compile_cubin(kernel.source, kernel.name, arch, s.max_registers)
+    cubin = compile_cubin(kernel.source, kernel.name, arch)
     plan = [(kernel.name, s.grid, s.threads)]
     if kernel.workspaces:
-        plan.append((kernel.name + "_finalize", (s.grid[0],), finalize_threads(s)))
+        plan.append((kernel.name + "_finalize", (s.grid[0],), kernel.plan.finalize_threads))
     return cubin, digest(kernel.source, arch), plan
 
 
@@ -379,8 +374,6 @@ def launch_cuda(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None
     import torch
 
     if EMULATE_ON_CPU and all(t.device.type == "cpu" for t in tensors):
-        from fuser.codegen.cuda.emulate import emulate
-
         emulate(kernel, tensors, checks)
         return
     if not tensors or any(t.device.type != "cuda" for t in tensors):

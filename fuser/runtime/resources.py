@@ -81,7 +81,7 @@ def sass(cubin: bytes) -> str:
 
 
 def _cuda_cubin(kernel: Any, arch: str) -> bytes:
-    return compile_cubin(kernel.source, kernel.name, arch, kernel.schedule.max_registers)
+    return compile_cubin(kernel.source, kernel.name, arch)
 
 
 def cuda_sass(kernel: Any, arch: str = "sm_90") -> str:

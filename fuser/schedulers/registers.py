@@ -192,6 +192,4 @@ def cuda_registers(plan: KernelPlan) -> int:
         # a view's element reads: its address and predicate (an estimate, not yet
         # calibrated against ptxas)
         regs += CUDA_VIEW_REGISTERS * len(spec.views)
-    if s.max_registers:
-        regs = min(regs, s.max_registers)
     return min(regs, 255)

@@ -49,7 +49,6 @@ class Schedule:
     unroll: int = 1
     num_warps: int = 4
     split_rows: int = 1
-    max_registers: int | None = None
     index_bits: int = 32
     # inner_persistent only: 0 = one program per row block; N = N resident programs,
     # each walking row blocks N apart and loading the next row while it reduces this one

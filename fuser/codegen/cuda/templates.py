@@ -178,9 +178,6 @@ BINARY: dict[Op, E] = {
     Op.LOGICAL_AND: lambda a, b, ct: f"({a} && {b})",
     Op.LOGICAL_OR: lambda a, b, ct: f"({a} || {b})",
 }
-# ops whose operands are converted to the result's compute type first (int / int is a
-# true division in torch; a half result is computed in float32, then rounded)
-ARITH = {Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAXIMUM, Op.MINIMUM}
 # ops whose 16-bit result must be rounded back to its dtype (the others are exact on
 # values that already are 16-bit floats)
 ROUNDED = set(UNARY) - {Op.NEG, Op.ABS, Op.RELU, Op.FLOOR, Op.CEIL} | {

@@ -15,6 +15,7 @@ from fuser.codegen.triton.templates import render_op
 from fuser.ir.dtypes import accumulator
 from fuser.ir.graph import Node
 from fuser.ir.ops import REDUCE, Op
+from fuser.plan.kernel_plan import RowChunk
 from fuser.schedulers.online import OnlinePair
 from fuser.segmenter import Kind
 
@@ -59,15 +60,13 @@ class Emitter:
                 self.kw.store(arg, chunk if arg.kind in (Kind.FULL, Kind.COL) else None)
 
 
-def _chunk_of(kw: TritonKernelWriter, index: int | None, offset: int | str, width: int) -> Chunk:
-    off = "" if offset == 0 else f"{offset} + "
-    masked = isinstance(offset, int) and offset + width > kw.spec.cols
-    return Chunk(index, off, width, masked)
+def _chunk_of(index: int, c: RowChunk) -> Chunk:
+    return Chunk(index, "" if c.offset == 0 else f"{c.offset} + ", c.width, c.masked)
 
 
 def inner_persistent(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
-    chunks = [_chunk_of(kw, i, off, width) for i, (off, width) in enumerate(s.chunks())]
+    chunks = [_chunk_of(i, c) for i, c in enumerate(s.chunks())]
     em = Emitter(kw)
     w.line("@triton.jit")
     with w.block(kw.signature([])):
@@ -165,8 +164,7 @@ def _reduce_row_constant(kw: TritonKernelWriter, em: Emitter, node: Node, chunk:
 def inner_looped(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     plan = s.looped
-    width = s.chunk * s.unroll
-    full_end = spec.cols // width * width
+    width, full_end = s.walk_width, s.walk_end
     tail = spec.cols - full_end
     tail_w = 1 << max(tail - 1, 0).bit_length() if tail else 0
     body = Chunk(None, "off + ", width, False)
@@ -367,7 +365,7 @@ def _exp(p: OnlinePair, d: str) -> str:
 
 def pointwise(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
-    chunk = Chunk(None, f"tl.program_id(1) * {s.chunk} + ", s.chunk, spec.cols % s.chunk != 0)
+    chunk = Chunk(None, f"tl.program_id(1) * {s.chunk} + ", s.chunk, s.col_guard)
     em = Emitter(kw)
     w.line("@triton.jit")
     with w.block(kw.signature([])):
@@ -382,11 +380,13 @@ def pointwise(kw: TritonKernelWriter) -> str:
 
 def outer_reduction(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
+    # a step is one [rows_per_block, chunk] tile and every step is masked: row_guard and
+    # row_step are the CUDA thread rows' loop (IGNORED_BY)
     kw.row_mask = True
     split = s.split_rows
     ws = [buf.name for buf in s.workspaces]
     extra = [f"{name}_ptr" for name in ws]
-    chunk = Chunk(None, f"tl.program_id(0) * {s.chunk} + ", s.chunk, spec.cols % s.chunk != 0)
+    chunk = Chunk(None, f"tl.program_id(0) * {s.chunk} + ", s.chunk, s.col_guard)
     em = Emitter(kw)
     reds = list(spec.reductions)
     w.line("@triton.jit")

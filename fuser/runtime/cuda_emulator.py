@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fuser.codegen.cuda.templates import HELPERS, MEMORY
+from fuser.codegen.cuda.templates import HELPERS, MEMORY, acc_type
 from fuser.errors import CompileError, FuserError
 from fuser.runtime.cache import digest
 
@@ -204,9 +204,6 @@ def _build(text: str) -> ctypes.CDLL:
 def emulate(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
     """Run `kernel` (backend "cuda") on CPU `tensors`, as launch_cuda does on a GPU
     (`checks`: its error record and flag, when it has check_index nodes)."""
-    from fuser.codegen.cuda.kernels import finalize_threads
-    from fuser.codegen.cuda.templates import acc_type
-
     if not available():
         raise FuserError("emulating CUDA kernels needs g++ (C++20)")
     s, spec = kernel.schedule, kernel.spec
@@ -223,7 +220,7 @@ def emulate(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
     grid = (*s.grid, 1, 1)[:3]
     launches = [(kernel.name, grid, s.threads)]
     if kernel.workspaces:
-        launches.append((kernel.name + "_finalize", (grid[0], 1, 1), finalize_threads(s)))
+        launches.append((kernel.name + "_finalize", (grid[0], 1, 1), kernel.plan.finalize_threads))
     for name, g, threads in launches:
         bad = getattr(lib, f"fuser_emulate_{name}")(args, *map(ctypes.c_uint, g), threads)
         if bad:
