@@ -67,6 +67,16 @@ class Ops:
         """The tensors of `xs` (one dtype) joined along `dim`."""
         return self._b.add(Op.CAT, list(xs), {"dim": dim})[0]
 
+    def view(
+        self, x: Tensor, dim: int, size: int, scale: int, offset: int, lo: int, hi: int
+    ) -> Tensor:
+        """The kernel-level read that slices, pads and cats become (fuser/passes/views.py):
+        `size` elements along `dim`, element j read from x[scale * j + offset] for
+        lo <= j < hi and 0 elsewhere. For repros of a pipeline's later stages; a fusion
+        says what it means with slice, pad and cat."""
+        attrs = {"dim": dim, "size": size, "scale": scale, "offset": offset, "lo": lo, "hi": hi}
+        return self._b.add(Op.VIEW, [x], attrs)[0]
+
     def iota(self, shape: Sequence[Dim], dim: int, dtype: Any = "int64") -> Tensor:
         attrs = {"shape": tuple(shape), "dim": dim, "dtype": dtype_of(dtype)}
         return self._b.add(Op.IOTA, [], attrs)[0]

@@ -69,6 +69,8 @@ def _call(node: Node) -> str:
         args = [node.inputs[0].name]
         args += [f"{p}={v.name}" for p, v in zip(params, node.inputs[1:])]
         args += _attrs(node, skip=("params",))
+    elif node.op == Op.CAT:  # fd.ops.cat takes its tensors as one list
+        args = ["[" + ", ".join(v.name for v in node.inputs) + "]", *_attrs(node)]
     else:
         args = [v.name for v in node.inputs] + _attrs(node)
     return f"    {outs} = fd.ops.{node.op.value}({', '.join(args)})"
