@@ -66,14 +66,8 @@ def cycles(g: nx.DiGraph) -> list[list[str]]:
     return sorted(sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1)
 
 
-# fuser/dynamo is being reworked in another branch (the generated call program); its one
-# cycle (backend's debug print defers an import of explain, which imports backend) is
-# left to that branch. Nothing else may join this list.
-KNOWN = [["fuser.dynamo.backend", "fuser.dynamo.explain"]]
-
-
 def test_no_import_cycles():
-    found = [c for c in cycles(import_graph()) if c not in KNOWN]
+    found = cycles(import_graph())
     shown = "\n".join(f"  {len(c)} modules: {' <-> '.join(c)}" for c in found)
     assert not found, f"{len(found)} import cycle(s) inside fuser:\n{shown}"
 

@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from fuser.config import config, debug_print
+from fuser.dynamo.graph_text import graph_text
 from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_graph
 from fuser.dynamo.saved import partition_fn
 
@@ -177,8 +178,6 @@ class FuserBackend:
 def _debug(capture: Capture, record: GraphRecord) -> None:
     if config.debug < 1:
         return
-    from fuser.dynamo.explain import graph_text
-
     kernels = len(record.kernels)
     debug_print(
         1,
