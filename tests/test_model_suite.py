@@ -23,7 +23,12 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+# T5's relative-position buckets take log(0) (eager computes -inf there too, and a where
+# drops it): its data is nonfinite on purpose (tests/conftest.py)
+NAMES = [pytest.param(n, marks=pytest.mark.nonfinite) if n == "t5" else n for n in sorted(FAMILIES)]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_tiny_model_trains_as_eager(name: str) -> None:
     eager, eager_grads = train(name, "tiny", "eager", "cpu", steps=2, warmup=1)
     assert not eager.error, eager.error
@@ -32,6 +37,7 @@ def test_tiny_model_trains_as_eager(name: str) -> None:
     judge(fused, grads, eager, eager_grads)
     assert fused.parity, (fused.max_loss_diff, fused.max_grad_err, fused.grad_err_param)
     assert fused.fused_ops > 0, fused.unfused_top
+    assert not fused.fell_back, fused.fell_back  # every fused region ran fused
 
 
 def test_judge_sees_a_wrong_gradient_and_a_wrong_loss() -> None:

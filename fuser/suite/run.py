@@ -67,6 +67,7 @@ class Result:
     fused_ops: int = 0
     unfused_ops: int = 0
     unfused_top: list[str] = field(default_factory=list)
+    fell_back: list[str] = field(default_factory=list)  # regions that ran as ATen, and why
     error: str = ""
 
     @property
@@ -102,6 +103,7 @@ def coverage(backend: object, res: Result) -> None:
     for capture in backend.captures:  # type: ignore[attr-defined]
         for graph in capture.graphs:
             res.fused_ops += sum(len(r.nodes) for r in graph.fused)
+            res.fell_back += [f"{r.name}: {r.fallback}" for r in graph.regions if r.fallback]
             for f in graph.fallbacks:
                 if _kind(f.op) == "compute":
                     res.unfused_ops += 1
