@@ -327,3 +327,27 @@ def test_kernel_attributes_have_docstrings() -> None:
     for method in ("launch", "launch_unchecked", "resources", "explain", "name"):
         assert getattr(Kernel, method).__doc__, method
     assert issubclass(InputError, FuserError)
+
+
+@pytest.mark.parametrize("value", [torch.tensor(0.5), torch.randn(3, 4)])
+def test_a_cpu_input_on_a_gpu_machine_is_named(monkeypatch, value: torch.Tensor) -> None:
+    """On a machine with a GPU, a CPU input keeps its region ATen, visibly; a CPU scalar
+    tensor (a step counter, a scale) is named as such, not taken for a CPU model."""
+    from torch import fx
+
+    from fuser.dynamo import context
+    from fuser.dynamo.context import LowerCtx, NotLowerable
+
+    monkeypatch.setattr(context, "use_interpreter", lambda: False)
+    graph = fx.Graph()
+    node = graph.placeholder("scale")
+    node.meta["val"] = value
+    ctx = LowerCtx(FusionDefinition("region"))  # the check comes before any definition
+    with pytest.warns(UserWarning) as seen, pytest.raises(NotLowerable) as info:
+        ctx.define_input(node)
+    text = str(info.value)
+    assert str(seen[0].message).endswith(text)
+    if value.dim() == 0:
+        assert "input scale is a CPU scalar tensor" in text and "Python number" in text
+    else:
+        assert "move the model and inputs to cuda" in text

@@ -88,18 +88,24 @@ class LowerCtx:
             raise NotLowerable(f"input {node.name} is a {type(val).__name__}, not a tensor")
         if val.dtype not in SUPPORTED_DTYPES:
             raise NotLowerable(f"input {node.name} has dtype {val.dtype}, which fuser lacks")
-        self._check_device(node, val.device)
+        self._check_device(node, val.device, val.dim() == 0)
         t = self.fd.define_tensor(static_shape(val, f"input {node.name}"), val.dtype)
         self.values[node] = t
         return t
 
-    def _check_device(self, node: fx.Node, device: torch.device) -> None:
+    def _check_device(self, node: fx.Node, device: torch.device, scalar: bool = False) -> None:
         if device.type == "cpu" and not use_interpreter():
-            why = (
-                "CPU tensors run through Triton's interpreter, which fuser uses in a process "
-                "without a GPU or with TRITON_INTERPRET=1; this one has a GPU (move the model "
-                "and inputs to cuda)"
-            )
+            if scalar:  # a step counter, a scale kept on the host: common, and cheap to fix
+                why = (
+                    f"input {node.name} is a CPU scalar tensor in a process with a GPU, so the "
+                    "ops that use it stay ATen (keep it on the GPU, or pass a Python number)"
+                )
+            else:
+                why = (
+                    "CPU tensors run through Triton's interpreter, which fuser uses in a "
+                    "process without a GPU or with TRITON_INTERPRET=1; this one has a GPU "
+                    "(move the model and inputs to cuda)"
+                )
             # every region of the graph stays ATen: say so once, not only in explain
             warnings.warn(f"fuser: {why}", stacklevel=2)
             raise NotLowerable(why)
