@@ -21,33 +21,8 @@ import platform
 import torch
 import torch.nn.functional as F
 
-from fuser import FusionDefinition
+from fuser.bench.cases import cross_entropy_fusion
 from fuser.bench.measure import bench_ms, copy_gbps
-
-
-def ce_fusion(rows: int, checked: bool) -> FusionDefinition:
-    with FusionDefinition(f"cross_entropy_{'checked' if checked else 'unchecked'}") as fd:
-        o = fd.ops
-        logits = fd.define_tensor([-1, -1], torch.bfloat16)
-        target = fd.define_tensor([-1], torch.int64)
-        if checked:
-            target = o.check_index(target, bound=logits.shape[1], ignore=-100, what="target")
-        lf = o.cast(logits, torch.float32)
-
-        def rowb(v):
-            return o.broadcast_in_dim(v, shape=logits.shape, broadcast_dims=[0])
-
-        m = o.max(lf, dims=[1])
-        e = o.exp(o.sub(lf, rowb(m)))
-        total = o.sum(e, dims=[1])
-        hit = o.eq(o.iota(logits.shape, dim=1, dtype=torch.int64), rowb(target))
-        picked = o.sum(o.where(hit, lf, 0.0), dims=[1])
-        fd.add_output(o.sub(o.add(o.log(total), m), picked))
-        prob = o.div(e, rowb(total))
-        fd.add_output(
-            o.cast(o.mul(o.sub(prob, o.cast(hit, torch.float32)), 1.0 / rows), logits.dtype)
-        )
-    return fd
 
 
 def fwd_bwd(fn):
@@ -70,7 +45,7 @@ def measure(rows: int, vocab: int, rounds: int, meta: dict, ceiling: float) -> l
     impls = {}
     for backend in ("triton", "cuda"):
         for checked in (False, True):
-            fd = ce_fusion(rows, checked)
+            fd = cross_entropy_fusion(rows, torch.bfloat16, checked)
             impls[f"fuser-{backend}-{'checked' if checked else 'unchecked'}"] = (
                 lambda fd=fd, backend=backend: fd.execute([x, t], backend=backend)
             )

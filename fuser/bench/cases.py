@@ -311,13 +311,17 @@ def softmax_case(rows: int, cols: int, dtype: torch.dtype) -> Case:
     )
 
 
-def cross_entropy_case(rows: int, cols: int, dtype: torch.dtype) -> Case:
-    """Per-row loss and dlogits of mean cross-entropy in one fusion; the mean of the row
-    losses is one small torch op after it (timed with fuser)."""
-    with FusionDefinition("cross_entropy_fwd_bwd") as fd:
+def cross_entropy_fusion(rows: int, dtype: torch.dtype, checked: bool = False) -> FusionDefinition:
+    """Per-row loss and dlogits of mean cross-entropy over `rows` rows in one fusion;
+    `checked` passes the target through check_index first, as fuser's own lowering of
+    F.cross_entropy does (benchmarks/index_check_cost.py times both)."""
+    name = "cross_entropy_fwd_bwd" + ("_checked" if checked else "")
+    with FusionDefinition(name) as fd:
         o = fd.ops
         logits = fd.define_tensor([-1, -1], dtype)
         target = fd.define_tensor([-1], torch.int64)
+        if checked:
+            target = o.check_index(target, bound=logits.shape[1], ignore=-100, what="target")
         lf = o.cast(logits, torch.float32)
 
         def rowb(v):
@@ -332,6 +336,13 @@ def cross_entropy_case(rows: int, cols: int, dtype: torch.dtype) -> Case:
         prob = o.div(e, rowb(total))
         scale = 1.0 / rows
         fd.add_output(o.cast(o.mul(o.sub(prob, o.cast(hit, torch.float32)), scale), dtype))
+    return fd
+
+
+def cross_entropy_case(rows: int, cols: int, dtype: torch.dtype) -> Case:
+    """Per-row loss and dlogits of mean cross-entropy in one fusion; the mean of the row
+    losses is one small torch op after it (timed with fuser)."""
+    fd = cross_entropy_fusion(rows, dtype)
 
     def run(ins: Tensors, backend: str) -> Tensors:
         loss_rows, dlogits = fd.execute(ins, backend=backend)

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from fuser.suite.run import compiled
+
 MODELS = ("gpt2", "gpt2-small", "gpt2-tiny", "llama-125m", "llama-tiny", "hf-gpt2", "hf-gpt2-tiny")
 BACKENDS = ("fuser", "inductor", "eager")
 
@@ -72,16 +74,7 @@ def training_step(
     if cuda:
         torch.cuda.empty_cache()
     model, vocab, what = build(name, seq, device, seed)
-    if backend == "fuser":
-        from fuser.dynamo import FuserBackend
-
-        step_model = torch.compile(model, backend=FuserBackend())
-    elif backend == "inductor":
-        step_model = torch.compile(model, backend="inductor")
-    elif backend == "eager":
-        step_model = model
-    else:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    step_model, _ = compiled(model, backend)
     opt = torch.optim.AdamW(
         model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda
     )

@@ -16,6 +16,17 @@ from typing import Any
 import torch
 
 SIZES = ("tiny", "full")
+# the configuration fields the families name their dropout probabilities by
+DROPOUTS = (
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "dropout_rate",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "dropout",
+    "attention_dropout",
+)
 
 
 @dataclass(frozen=True)
@@ -193,10 +204,7 @@ def build(name: str, size: str, device: str, seed: int = 0) -> torch.nn.Module:
     if family.kind == "encoder" and "max_position_embeddings" in fields:
         fields["max_position_embeddings"] += 2  # RoBERTa's positions start after padding
     config = getattr(transformers, family.config)(**fields)
-    for drop in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_rate"):
-        if hasattr(config, drop):  # deterministic steps: parity step by step
-            setattr(config, drop, 0.0)
-    for drop in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout", "attention_dropout"):
+    for drop in DROPOUTS:  # deterministic steps: parity step by step
         if hasattr(config, drop):
             setattr(config, drop, 0.0)
     torch.manual_seed(seed)

@@ -119,6 +119,21 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def compiled(model: torch.nn.Module, impl: str) -> tuple[torch.nn.Module, object | None]:
+    """`model` as `impl` runs it ("eager", "inductor" or "fuser") and, for fuser, the
+    FuserBackend whose captures explain and coverage read."""
+    if impl == "eager":
+        return model, None
+    if impl == "inductor":
+        return torch.compile(model, backend="inductor"), None
+    if impl == "fuser":
+        from fuser.dynamo import FuserBackend
+
+        backend = FuserBackend()
+        return torch.compile(model, backend=backend), backend
+    raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")
+
+
 def train(
     name: str, size: str, impl: str, device: str, steps: int, warmup: int
 ) -> tuple[Result, dict[str, torch.Tensor]]:
@@ -135,18 +150,7 @@ def train(
     try:
         model = build(name, size, device)
         res.params_m = sum(p.numel() for p in model.parameters()) / 1e6
-        backend = None
-        if impl == "fuser":
-            from fuser.dynamo import FuserBackend
-
-            backend = FuserBackend()
-            step_model = torch.compile(model, backend=backend)
-        elif impl == "inductor":
-            step_model = torch.compile(model, backend="inductor")
-        elif impl == "eager":
-            step_model = model
-        else:
-            raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")
+        step_model, backend = compiled(model, impl)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
         times = []
         for i in range(steps):
