@@ -11,6 +11,7 @@ examples:
   python -m fuser.bench --ops ln_fused --hidden 1024:8192:1024 --sweep
   python -m fuser.bench --cpu-smoke                      # no GPU: correctness only
   python -m fuser.bench --out benchmarks/results/h100-$(date +%F)   # keep the results
+  python -m fuser.bench --suite training --help          # issue 20's training kernels
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ def _names(text: str) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="fuser-bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    ap.add_argument(
+        "--suite",
+        choices=["kernels", "training"],
+        default="kernels",
+        help="kernels: hand-built fusions (this help); training: torch.compile of eager\n"
+        "training functions beside eager, Inductor and Liger (--suite training --help)",
     )
     ap.add_argument(
         "--ops",
@@ -129,6 +137,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    suite = argparse.ArgumentParser(add_help=False)
+    suite.add_argument("--suite", default="kernels")
+    if suite.parse_known_args(argv)[0].suite == "training":
+        from fuser.bench.training_run import main as training_main
+
+        return training_main(argv)
     args = parser().parse_args(argv)
     smoke = args.cpu_smoke
     if not smoke and not torch.cuda.is_available():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -141,3 +142,25 @@ def plot(rows: list[dict], out: Path) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m fuser.bench.report RESULTS.jsonl...`: issue 20's targets table of training
+    runs (python -m fuser.bench --suite training; several files are read as one run), or
+    the regret summary of a sweep."""
+    from fuser.bench.targets import targets_table
+
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("usage: python -m fuser.bench.report RESULTS.jsonl [MORE.jsonl ...]")
+        return 2
+    rows = [json.loads(x) for path in argv for x in open(path) if x.strip()]
+    if any(r.get("suite") == "training" for r in rows):
+        print(targets_table(rows))
+    else:
+        print(regret_summary(regret(rows)) or "no training rows and no sweep in this file")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
