@@ -130,13 +130,15 @@ def _make(
     spec: KernelSpec, v: int, tpr: int, warps: int, loads: int, split: int, fin: int
 ) -> Schedule:
     thread_rows = max(warps * 32 // tpr, 1)
+    # fewer rows than thread rows: a step's tile is only as tall as the rows (Triton's
+    # [rows_per_block, chunk] tile; CUDA's thread rows past the end are predicated off)
     return Schedule(
         "outer_reduction",
         spec.rows,
         spec.cols,
         v,
         tpr,
-        thread_rows * loads,
+        min(thread_rows * loads, pow2_ceil(spec.rows)),
         num_warps=warps,
         split_rows=split,
         finalize_cols=fin,
@@ -170,7 +172,7 @@ def _schedules(
     for tpr, warps, loads, k in _space(spec, dev, v):
         thread_rows = max(warps * 32 // tpr, 1)
         rows_per_step = thread_rows * loads
-        if rows_per_step > max(pow2_ceil(spec.rows), thread_rows):
+        if loads > 1 and rows_per_step > pow2_ceil(spec.rows):
             continue  # more loads a thread than the rows give
         col_tiles = -(-spec.cols // (tpr * v))
         for split in {1, _split(spec, dev, col_tiles, rows_per_step, k)}:
