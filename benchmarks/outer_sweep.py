@@ -156,10 +156,10 @@ def main() -> int:
             compiled = torch.compile(case.eager, dynamic=False)
             base = {}
             for name, fn in (("eager", case.eager), ("compile", compiled)):
-                base[name] = bench_ms(lambda fn=fn: fn(inputs))
+                base[name] = bench_ms(lambda fn=fn, i=inputs: fn(i))
                 emit(case, name, base[name])
             for backend in args.backends.split(","):
-                ms = bench_ms(lambda b=backend: case.fuser(inputs, b))
+                ms = bench_ms(lambda b=backend, c=case, i=inputs: c.fuser(i, b))
                 sched = case.fusions[0].kernels[0].schedule.short()
                 emit(case, f"fuser-{backend}", ms, schedule=sched)
                 row = {"form": form, "shape": shape, "backend": backend, "fuser_ms": ms}

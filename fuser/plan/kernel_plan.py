@@ -42,8 +42,6 @@ IGNORED_BY = {
         "row_steps": "Triton's outer row loop takes rows_per_block rows a step",
         "walk_tail_slots": "Triton walks a looped row's tail as one tile, the next power of "
         "two wide",
-        "finalize_threads": "Triton's finalize runs finalize_threads / 32 warps over a "
-        "[finalize_rows, finalize_tpr * vector] tile it lays out itself",
     },
 }
 

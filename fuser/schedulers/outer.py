@@ -121,7 +121,8 @@ def cost(spec: KernelSpec, dev: Device, s: Schedule, regs: int) -> OuterCost:
 
 def _split(spec: KernelSpec, dev: Device, col_tiles: int, rows_per_step: int, k: int) -> int:
     """Row splits so that col_tiles x split ~ k blocks per SM, each with MIN_STEPS steps."""
-    want = -(-dev.sms * k // col_tiles)
+    # rounded down: one block past k a SM would make some SM run k + 1 of them
+    want = dev.sms * k // col_tiles
     most = max(1, spec.rows // (rows_per_step * MIN_STEPS))
     return max(1, min(want, most))
 
@@ -188,13 +189,18 @@ def _schedules(
 
 
 def _pick(scored: list[tuple[Schedule, int, OuterCost]]) -> tuple[Schedule, int, OuterCost]:
-    # the fastest predicted; within 3% of it, the fewest partials, then the widest tile
+    # the fastest predicted; within 3% of it, the fewest partials, then the tiling with
+    # the fewest padding lanes (a partial last tile leaves its blocks short of work), then
+    # the widest tile
     best = min(c.total_us for _, _, c in scored)
     near = [x for x in scored if x[2].total_us <= best * 1.03]
-    return min(
-        near,
-        key=lambda x: (x[0].split_rows, -x[0].chunk, x[0].rows_per_block, x[0].num_warps),
-    )
+
+    def key(x: tuple[Schedule, int, OuterCost]) -> tuple:
+        s = x[0]
+        lanes = s.cols / (s.grid[0] * s.chunk)
+        return (s.split_rows, -round(lanes, 2), -s.chunk, s.rows_per_block, s.num_warps)
+
+    return min(near, key=key)
 
 
 def _describe(spec: KernelSpec, dev: Device, s: Schedule, c: OuterCost) -> str:
