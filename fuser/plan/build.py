@@ -19,6 +19,12 @@ from fuser.schedulers.spec import KernelSpec, access_width
 from fuser.segmenter import Kind
 
 PER_THREAD = (Kind.ROW, Kind.SCALAR)
+# threads of an outer reduction's finalize block at most
+FINALIZE_MAX_THREADS = 256
+
+
+def pow2_ceil(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def tail_vector(s: Schedule) -> int:
@@ -160,22 +166,34 @@ def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
 
 def plan_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
     workspaces = _workspaces(spec, s)
-    # one finalize thread per column vector of the tile, at least a warp
-    finalize = max(32, s.threads_per_row) if workspaces else 0
     # the block's threads stand in thread rows of threads_per_row; a step takes at least
     # one row per thread row, rows_per_block if that is more
     thread_rows = s.threads // s.threads_per_row
     row_step = max(s.rows_per_block, thread_rows)
     covered = row_step * s.split_rows  # rows of one step of all the split blocks
+    fin: dict = {}
+    if workspaces:
+        # the finalize: finalize_cols columns a block (finalize_cols / vector threads
+        # across them), its other threads over the partials, each adding every
+        # finalize_rows-th partial, then the thread rows combined in a fixed order
+        fin_tpr = max(s.finalize_cols // s.vector, 1)
+        threads = min(max(32, fin_tpr * pow2_ceil(s.split_rows)), FINALIZE_MAX_THREADS)
+        threads = max(threads, fin_tpr)
+        fin = dict(
+            finalize_threads=threads,
+            finalize_tpr=fin_tpr,
+            finalize_rows=threads // fin_tpr,
+            finalize_grid=(-(-spec.cols // (fin_tpr * s.vector)),),
+        )
     return _common(
         spec,
         s,
         row_guard=spec.rows % covered != 0,
         workspaces=workspaces,
-        finalize_threads=finalize,
         row_step=row_step,
         rows_in_flight=row_step // thread_rows,
         row_steps=-(-spec.rows // covered),
+        **fin,
     )
 
 

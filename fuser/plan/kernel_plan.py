@@ -42,8 +42,6 @@ IGNORED_BY = {
         "row_steps": "Triton's outer row loop takes rows_per_block rows a step",
         "walk_tail_slots": "Triton walks a looped row's tail as one tile, the next power of "
         "two wide",
-        "finalize_threads": "Triton's finalize launches with num_warps=4 over a column tile it "
-        "lays out itself",
     },
 }
 
@@ -123,8 +121,13 @@ class KernelPlan:
     walk_width: int = 0
     walk_end: int = 0
     walk_tail_slots: int = 0
-    # threads of the finalize launch adding the workspaces' partials (0: no finalize)
+    # the finalize launch adding the workspaces' partials (0 threads: no finalize): its
+    # grid of column tiles, finalize_tpr threads x vector columns a block, finalize_rows
+    # thread rows each adding every finalize_rows-th partial, combined in a fixed order
     finalize_threads: int = 0
+    finalize_tpr: int = 0
+    finalize_rows: int = 0
+    finalize_grid: tuple[int, ...] = ()
     spec: KernelSpec = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     schedule: Schedule = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
@@ -226,6 +229,8 @@ class KernelPlan:
             lines.append(f"  workspace {ws.name}: {self.split_rows} x {self.cols} {ws.dtype.value}")
         if self.finalize:
             lines.append(
-                f"  finalize launch: grid ({self.grid[0]},), adds {self.split_rows} partials"
+                f"  finalize launch: grid {self.finalize_grid}, {self.finalize_threads} threads: "
+                f"{self.finalize_tpr * self.vector} columns a block, {self.finalize_rows} "
+                f"thread rows over the {self.split_rows} partials, combined in a fixed order"
             )
         return "\n".join(lines)

@@ -351,7 +351,8 @@ def _launch_plan(kernel: Any, index: int) -> tuple[bytes, str, list[tuple[str, t
     cubin = compile_cubin(kernel.source, kernel.name, arch)
     plan = [(kernel.name, s.grid, s.threads)]
     if kernel.workspaces:
-        plan.append((kernel.name + "_finalize", (s.grid[0],), kernel.plan.finalize_threads))
+        fin = kernel.plan
+        plan.append((kernel.name + "_finalize", fin.finalize_grid, fin.finalize_threads))
     return cubin, digest(kernel.source, arch), plan
 
 

@@ -220,7 +220,9 @@ def emulate(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
     grid = (*s.grid, 1, 1)[:3]
     launches = [(kernel.name, grid, s.threads)]
     if kernel.workspaces:
-        launches.append((kernel.name + "_finalize", (grid[0], 1, 1), kernel.plan.finalize_threads))
+        fin = kernel.plan
+        fin_grid = (*fin.finalize_grid, 1, 1)[:3]
+        launches.append((kernel.name + "_finalize", fin_grid, fin.finalize_threads))
     for name, g, threads in launches:
         bad = getattr(lib, f"fuser_emulate_{name}")(args, *map(ctypes.c_uint, g), threads)
         if bad:

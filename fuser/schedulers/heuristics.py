@@ -7,12 +7,36 @@ from dataclasses import dataclass, replace
 
 from fuser.backends.base import Backend
 from fuser.backends.registry import get_backend
-from fuser.plan.build import make_plan
+from fuser.schedulers.common import (
+    _estimate,
+    _with,
+    index_bits,
+    pow2_ceil,
+    pow2_floor,
+    registers,
+    vector_width,
+)
 from fuser.schedulers.device import Device
 from fuser.schedulers.online import looped_plan
+from fuser.schedulers.outer import outer_candidates, schedule_outer
 from fuser.schedulers.registers import buffer_registers
 from fuser.schedulers.schedule import Estimate, Schedule
-from fuser.schedulers.spec import KernelSpec, access_width, view_width
+from fuser.schedulers.spec import KernelSpec
+
+# re-exported: the helpers lived here before fuser/schedulers/common.py
+__all__ = [
+    "candidate_schedules",
+    "choose_schedule",
+    "index_bits",
+    "pow2_ceil",
+    "pow2_floor",
+    "registers",
+    "schedule_inner",
+    "schedule_looped",
+    "schedule_outer",
+    "schedule_pointwise",
+    "vector_width",
+]
 
 # A persistent row keeps at most this many buffer registers per thread; beyond it the
 # row is looped instead (nvFuser budgets about half of the 255 for buffers).
@@ -29,76 +53,6 @@ TARGET_WARPS_PER_SM = 16
 MAX_BATCH = 8
 # More rows per block than this grew registers beyond the model (1536 x rpb 8: 112 vs 85).
 MAX_ROWS_PER_BLOCK = 4
-
-
-def pow2_floor(n: int) -> int:
-    return 1 << (max(n, 1).bit_length() - 1)
-
-
-def pow2_ceil(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def vector_width(spec: KernelSpec, reasons: list[str], masked_tail: bool = True) -> int:
-    """Elements per access: 16 bytes where every FULL input's rows allow it.
-
-    The loads decide (the kernel waits on them); an output whose rows allow less gets
-    narrower stores (the CUDA renderer packs each argument as its alignment allows,
-    Triton vectorizes what its alignment analysis proves). Only the row starts must be
-    aligned: the row's last partial vector is masked when `masked_tail` (the renderers
-    predicate each element of a slot that straddles the row end); without it the vector
-    must also divide the column count.
-    """
-    fulls = spec.full_args()
-    widest = max((a.dtype.itemsize for a in fulls), default=4)
-    v = max(16 // widest, 1)
-    loads = [a for a in fulls if not a.is_output] or fulls
-    limits = [a.name for a in loads if access_width(spec, a, v) < v]
-    v = min((access_width(spec, a, v) for a in loads), default=v)
-    views = [n for n in spec.views if view_width(spec, n, v) < v]
-    v = min((view_width(spec, n, v) for n in views), default=v)
-    aligned = v
-    while not masked_tail and v > 1 and spec.cols % v:
-        v //= 2
-    why = f"vector {v}: {v * widest} bytes per access of the widest tensor ({widest} B elements)"
-    if limits:
-        why += f"; narrowed by stride/alignment of {', '.join(sorted(set(limits)))}"
-    if views:
-        why += "; narrowed by the column offsets of " + ", ".join(
-            f"{n.out.name} (a read of {n.inputs[0].name} at {n.attr('scale')} * j + "
-            f"{n.attr('offset')}, columns [{n.attr('lo')}, {n.attr('hi')}))"
-            for n in views
-        )
-    narrow = sorted({a.name for a in fulls if a.is_output and access_width(spec, a, v) < v})
-    if narrow:
-        why += f"; narrower stores to {', '.join(narrow)} (their rows start unaligned)"
-    if v < aligned:
-        why += f"; {spec.cols} columns allow no wider vector (this kernel has no masked tail)"
-    elif spec.cols % v:
-        why += f"; rows aligned: vector {v} with a masked tail of {spec.cols % v} column(s)"
-    reasons.append(why)
-    return v
-
-
-def _estimate(
-    spec: KernelSpec, dev: Device, s: Schedule, regs: int, buf: int, covered: int
-) -> Estimate:
-    blocks = math.prod(s.grid)
-    bps = max(dev.blocks_per_sm(s.threads, regs), 1)
-    return Estimate(
-        registers=regs,
-        buffer_registers=buf,
-        blocks_per_sm=bps,
-        warps_per_sm=bps * s.num_warps,
-        waves=blocks / (dev.sms * bps),
-        bytes_moved=spec.bytes_moved(),
-        lane_efficiency=spec.cols / covered if covered else 1.0,
-    )
-
-
-def index_bits(spec: KernelSpec) -> int:
-    span = max((a.row_stride * spec.rows + a.col_stride * spec.cols for a in spec.args), default=0)
-    return 64 if span >= 2**31 - 1 else 32
 
 
 # -- pointwise ---------------------------------------------------------------------
@@ -139,15 +93,6 @@ def schedule_pointwise(
     covered = -(-spec.cols // chunk) * chunk
     est = _estimate(spec, dev, s, regs, 0, covered)
     return _with(s, est, reasons)
-
-
-def registers(spec: KernelSpec, s: Schedule, backend: Backend | str) -> int:
-    """The backend's register estimate for `s`: what the choice is made with."""
-    return get_backend(backend).estimate(make_plan(spec, s))
-
-
-def _with(s: Schedule, est: Estimate, reasons: list[str]) -> Schedule:
-    return replace(s, estimate=est, reasons=tuple(reasons)).validate()
 
 
 # -- inner (row) reductions and persistent normalization ----------------------------
@@ -399,48 +344,6 @@ def schedule_looped(
     return _with(s, _estimate(spec, dev, s, regs, 0, spec.cols), reasons)
 
 
-# -- outer (column) reductions ---------------------------------------------------------
-def schedule_outer(
-    spec: KernelSpec,
-    dev: Device,
-    tile: int | None = None,
-    warps: int = 8,
-    blocks_per_sm: int = 4,
-    backend: Backend | str = "triton",
-) -> Schedule:
-    backend = get_backend(backend)
-    reasons: list[str] = []
-    v = vector_width(spec, reasons, masked_tail=backend.limits.masked_outer_tail)
-    chunk = min(pow2_ceil(spec.cols), tile or 32 * v * 2)
-    tpr = max(chunk // v, 1)
-    rpb = max(1, min(32, (warps * 32 * 16) // chunk, pow2_ceil(spec.rows)))
-    col_blocks = -(-spec.cols // chunk)
-    # enough (column tile, row split) blocks to give every SM ~4 of them
-    split = max(1, min(-(-dev.sms * blocks_per_sm // col_blocks), -(-spec.rows // (rpb * 4))))
-    reasons.append(
-        f"column tile {chunk} x {rpb} rows per iteration; {col_blocks} column tiles x "
-        f"{split} row splits = {col_blocks * split} blocks for {dev.sms} SMs"
-    )
-    if split > 1:
-        reasons.append(
-            f"deterministic: {split} per-block partial sums, then a second pass "
-            "adds them in a fixed order (no float atomics)"
-        )
-    s = Schedule(
-        "outer_reduction",
-        spec.rows,
-        spec.cols,
-        v,
-        tpr,
-        rpb,
-        num_warps=warps,
-        split_rows=split,
-        index_bits=index_bits(spec),
-    )
-    regs = registers(spec, s, backend)
-    return _with(s, _estimate(spec, dev, s, regs, 0, col_blocks * chunk), reasons)
-
-
 def choose_schedule(spec: KernelSpec, dev: Device, backend: Backend | str = "triton") -> Schedule:
     """The heuristic's schedule for `spec` on `dev`, chosen with `backend`'s estimate."""
     backend = get_backend(backend)
@@ -462,11 +365,7 @@ def candidate_schedules(
     backend = get_backend(backend)
     out: list[Schedule] = []
     if spec.layout.outer:
-        v = vector_width(spec, [], masked_tail=backend.limits.masked_outer_tail)
-        for tile in sorted({32 * v, 64 * v, 128 * v, min(pow2_ceil(spec.cols), 2048)}):
-            for warps in (4, 8):
-                for bps in (2, 4, 8):
-                    out.append(schedule_outer(spec, dev, tile, warps, bps, backend))
+        out += outer_candidates(spec, dev, backend)
     elif spec.layout.inner:
         v_best = vector_width(spec, [])
         for v in sorted({v_best, max(v_best // 2, 1)}):

@@ -113,7 +113,11 @@ def triton_registers(plan: KernelPlan) -> int:
         regs, _ = estimate_registers(spec, per_thread, s.unroll, s.num_warps, False)
         return min(regs + looped_extra_registers(spec, per_thread), 255)
     per_thread = max(s.rows_per_block * s.chunk // s.threads, 1)
-    return estimate_registers(spec, per_thread, 1, s.num_warps, False)[0]
+    regs = estimate_registers(spec, per_thread, 1, s.num_warps, False)[0]
+    if s.kind == "outer_reduction":
+        # the [rows_per_block, chunk] fp32 accumulator tile of each reduction
+        regs += per_thread * len(spec.reductions)
+    return min(regs, 255)
 
 
 def one_warp_registers(regs: int) -> int:

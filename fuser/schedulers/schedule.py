@@ -35,7 +35,8 @@ class Schedule:
     Tile = rows_per_block x chunk, chunk = threads_per_row * vector. An inner persistent
     kernel keeps `persistent_batch` chunks (plus a `tail` chunk) of each row in registers;
     a looped kernel walks the row `unroll` chunks at a time; an outer reduction splits the
-    rows over `split_rows` blocks per column tile and sums their partials in a second pass.
+    rows over `split_rows` blocks per column tile and sums their partials in a second pass
+    (the finalize launch), `finalize_cols` columns a block.
     """
 
     kind: str  # pointwise | inner_persistent | inner_looped | outer_reduction
@@ -49,6 +50,8 @@ class Schedule:
     unroll: int = 1
     num_warps: int = 4
     split_rows: int = 1
+    # outer_reduction with split_rows > 1: columns per block of the finalize launch
+    finalize_cols: int = 0
     index_bits: int = 32
     # inner_persistent only: 0 = one program per row block; N = N resident programs,
     # each walking row blocks N apart and loading the next row while it reduces this one
@@ -94,6 +97,8 @@ class Schedule:
             s += f" unroll{self.unroll}"
         if self.split_rows > 1:
             s += f" split{self.split_rows}"
+            if self.finalize_cols:
+                s += f" fin{self.finalize_cols}"
         s += f" warps{self.num_warps}"
         return s + (" i64" if self.index_bits == 64 else "")
 
@@ -113,6 +118,12 @@ class Schedule:
                 raise ScheduleError(
                     f"{self.persistent_batch} chunks of {self.chunk} + tail {self.tail} cover "
                     f"{covered} of {self.cols} columns"
+                )
+        if self.kind == "outer_reduction" and self.split_rows > 1:
+            f = self.finalize_cols
+            if f < self.vector or f % self.vector or (f // self.vector) & (f // self.vector - 1):
+                raise ScheduleError(
+                    f"finalize_cols {f} is not a power of two times the vector {self.vector}"
                 )
         if self.programs and (self.kind != "inner_persistent" or self.rows_per_block != 1):
             raise ScheduleError("a prefetching row loop needs inner_persistent, one row a block")

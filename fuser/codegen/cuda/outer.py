@@ -138,31 +138,45 @@ def _epilogue(kw: CudaKernelWriter, reds: list[Node], col_ok: str | None) -> Non
 
 
 def _finalize(kw: CudaKernelWriter, reds: list[Node], ws: list[tuple[str, str]]) -> None:
+    """The finalize launch: FTPR threads x V columns a block; FY thread rows each add every
+    FY-th partial, then the thread rows are combined in a fixed order (deterministic)."""
     spec, s, w = kw.spec, kw.s, kw.w
-    v, tpr = s.vector, s.threads_per_row
+    v, ftpr, fy = s.vector, s.finalize_tpr, s.finalize_rows
     threads = s.finalize_threads
     kw.col_arrays = set()
     kw.arrays = set()
     w.line(kw.signature(spec.name + "_finalize", threads))
     with w.block("{", "}"):
-        w.comment(f"add the {s.split_rows} partial results of each column in a fixed order", "//")
-        kw.constants(COLS=spec.cols, V=v, CHUNK=s.chunk, SPLIT=s.split_rows)
-        w.line("const int col = blockIdx.x * CHUNK + threadIdx.x * V;")
-        conds = ([f"threadIdx.x < {tpr}"] if threads > tpr else []) + (
-            ["col < COLS"] if s.col_guard else []
+        w.comment(
+            f"add the {s.split_rows} partial results of each column in a fixed order: "
+            f"{ftpr} threads x {v} columns, {fy} thread rows over the partials",
+            "//",
         )
-        col_ok = "col_ok" if conds else None
-        if conds:
-            w.line(f"const bool col_ok = {' && '.join(conds)};")
+        kw.constants(COLS=spec.cols, V=v, FTPR=ftpr, FY=fy, SPLIT=s.split_rows)
+        w.line("const int tx = threadIdx.x % FTPR, ty = threadIdx.x / FTPR;")
+        w.line("const int col = blockIdx.x * (FTPR * V) + tx * V;")
+        guard = spec.cols % (ftpr * v) != 0
+        col_ok = "col_ok" if guard else None
+        if guard:
+            w.line("const bool col_ok = col < COLS;")
         kw.scalar_prologue()
         for n in reds:
             kw.declare_acc(n, v)
         with w.block(f"if ({col_ok}) {{", "}") if col_ok else nullcontext():
-            w.line("#pragma unroll 1")
-            with w.block("for (int p = 0; p < SPLIT; ++p) {", "}"):
+            w.line("#pragma unroll 4")
+            with w.block("for (int p = ty; p < SPLIT; p += FY) {", "}"):
                 for n, (name, _) in zip(reds, ws):
                     acc = f"acc_{n.out.name}[i]"
                     part = f"{name}_ptr[p * COLS + col + i]"
                     w.line("#pragma unroll")
                     w.line(f"for (int i = 0; i < V; ++i) {acc} = {combine(n.op, acc, part)};")
-        _epilogue(kw, reds, col_ok)
+        if fy > 1:
+            for n in reds:
+                at = acc_type(n.inputs[0].dtype)
+                w.line(f"__shared__ {at} part_{n.out.name}[{threads * v}];")
+                w.line(
+                    f"column_reduce<FTPR, FY, V>(acc_{n.out.name}, {REDUCE_FN[n.op]}(), "
+                    f"part_{n.out.name});"
+                )
+        with w.block("if (ty == 0) {", "}"):
+            _epilogue(kw, reds, col_ok)

@@ -441,18 +441,32 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
         with w.block(
             kw.signature(extra).replace(f"def {spec.name}(", f"def {spec.name}_finalize(")
         ):
-            w.comment(f"add the {split} partial sums of each column in a fixed order")
+            fcols = s.finalize_tpr * s.vector
+            fy = s.finalize_rows
+            w.comment(
+                f"add the {split} partial sums of each column in a fixed order: "
+                f"{fcols} columns a program, {fy} partials a step"
+            )
+            chunk = Chunk(None, f"tl.program_id(0) * {fcols} + ", fcols, spec.cols % fcols != 0)
             kw.col_setup(chunk)
-            p2 = 1 << max(split - 1, 0).bit_length()
-            w.line(f"parts = tl.arange(0, {p2})[:, None]")
+            w.line(f"parts = tl.arange(0, {fy})[:, None]")
             fin = Emitter(kw)
-            for n, name in zip(reds, ws):
-                m = f"(parts < {split})" + (" & col_ok" if chunk.masked else "")
-                part = (
-                    f"tl.load({name}_ptr + parts * {spec.cols} + cols, "
-                    f"mask={m}, other={_identity(n.op, n.inputs[0].dtype)})"
+            for n in reds:
+                w.line(
+                    f"acc_{n.out.name} = tl.full(({fy}, {fcols}), "
+                    f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
                 )
-                w.line(f"{n.out.name} = {kw.reduce(n, part, axis=0)}")
+            with w.block(f"for p in range(0, {split}, {fy}):"):
+                w.line(f"part_ok = (p + parts) < {split}" + (" & col_ok" if chunk.masked else ""))
+                for n, name in zip(reds, ws):
+                    part = (
+                        f"tl.load({name}_ptr + (p + parts) * {spec.cols} + cols, "
+                        f"mask=part_ok, other={_identity(n.op, n.inputs[0].dtype)})"
+                    )
+                    acc = f"acc_{n.out.name}"
+                    w.line(f"{acc} = {kw.combine(n.op, acc, part)}")
+            for n in reds:
+                w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=0)}")
             _epilogue(kw, fin, reds, chunk)
     return w.text()
 

@@ -1,0 +1,275 @@
+"""The outer (column) reduction scheduler: a column sum of [M, N] such as a bias gradient.
+
+A block owns a column tile of `chunk` columns and walks rows `rows_per_block` at a time
+(`rows_per_block / thread rows` loads in flight a thread). Two shapes of kernel, chosen
+with a cost model of the device:
+
+- column-tiled single stage (split 1): the column tiles alone are the grid; each block
+  walks every row and writes its columns' results. No workspace, one launch. Enough only
+  where N / chunk fills the SMs with bytes in flight (very wide N).
+- split-M two stage: `split_rows` blocks per column tile each sum every split-th step of
+  rows into an fp32 workspace row (`split_rows x N`); a finalize launch adds the partials
+  of each column in a fixed order (deterministic, no float atomics). Its tile is
+  `finalize_cols` columns a block, its threads spread over the partials.
+
+The model: a streaming kernel reaches HBM bandwidth only with ~32 KB of loads in flight
+per SM (Little's law: 3.35 TB/s x ~1.3 us loaded latency / 132 SMs); fewer bytes in
+flight scale it down. The row splits cost their workspace traffic (written once, read
+once) and the finalize launch (a fixed ~2 us: launch gap and a short kernel's ramp).
+Blocks beyond one wave, or SMs with more blocks than others, stretch the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fuser.backends.base import Backend
+from fuser.backends.registry import get_backend
+from fuser.schedulers.common import (
+    _estimate,
+    _with,
+    index_bits,
+    pow2_ceil,
+    pow2_floor,
+    registers,
+    vector_width,
+)
+from fuser.schedulers.device import Device
+from fuser.schedulers.schedule import Schedule
+from fuser.schedulers.spec import KernelSpec
+
+# Loads in flight per SM that cover DRAM latency for a pure streaming read (the brief's
+# 32-64 KB; the inner scheduler's 16 KB covers kernels that also compute between loads)
+OUTER_BYTES_IN_FLIGHT = 32 * 1024
+# What a finalize launch costs beyond its bytes: the dependent launch's gap on the GPU and
+# its ramp (a guess for the H100, to be checked with benchmarks/outer_sweep.py)
+FINALIZE_US = 2.0
+# A block that runs fewer row steps than this pays its epilogue (a shared-memory combine
+# of its thread rows and the partials' store) on too little work
+MIN_STEPS = 2
+# Columns a row segment of a tile should span at least (bytes): a full 128-byte line
+MIN_TILE_BYTES = 128
+# A last-block finalize (an arrival counter per column tile; the last block adds the
+# partials) saves the launch but needs a zeroed counter kept across calls (a memset
+# launch each call, or a cached counter that concurrent streams would share) and
+# gpu-scope acquire/release that neither CPU path (Triton's interpreter, the CUDA
+# emulator) checks: fuser keeps a second launch and counts its cost in the choice
+FINALIZE_WHY = (
+    "finalize as a second launch (counted above), not the last block of each tile: that "
+    "needs an arrival counter zeroed before every call and kept across calls (a memset "
+    "launch, or a cached counter that concurrent streams would share) and gpu-scope "
+    "acquire/release that the CPU paths do not check"
+)
+
+
+@dataclass(frozen=True)
+class OuterCost:
+    """The cost model's view of one outer schedule (times in microseconds)."""
+
+    blocks: int
+    blocks_per_sm: int  # resident, from the register estimate
+    in_flight_kb: float  # loads in flight per SM
+    main_us: float
+    workspace_us: float
+    finalize_us: float
+
+    @property
+    def total_us(self) -> float:
+        return self.main_us + self.workspace_us + self.finalize_us
+
+
+def _load_bytes(spec: KernelSpec) -> int:
+    """Bytes loaded per (row, column) element: every FULL input once."""
+    return sum(a.dtype.itemsize for a in spec.full_args() if not a.is_output) or 4
+
+
+def finalize_cols(spec: KernelSpec, dev: Device, v: int, split: int) -> int:
+    """Columns per finalize block: narrow enough that ~every SM gets a block (the partials
+    are few KB a column tile), at most 32 vectors (a warp's width)."""
+    if split == 1:
+        return 0
+    vectors = -(-spec.cols // v)
+    return v * max(1, min(32, pow2_floor(max(vectors // dev.sms, 1))))
+
+
+def cost(spec: KernelSpec, dev: Device, s: Schedule, regs: int) -> OuterCost:
+    """Predicted time of `s`: the main pass at the bandwidth its bytes in flight allow,
+    stretched by waves and imbalance, plus the workspace traffic and the finalize."""
+    blocks = math.prod(s.grid)
+    resident = max(dev.blocks_per_sm(s.threads, regs), 1)
+    per_sm = min(resident, -(-blocks // dev.sms))
+    thread_rows = s.threads // s.threads_per_row
+    loads = max(s.rows_per_block // thread_rows, 1)
+    block_bytes = s.threads * loads * s.vector * _load_bytes(spec)
+    # the SMs average blocks / sms blocks at once; bytes in flight follow
+    avg = min(blocks / dev.sms, resident)
+    in_flight_bytes = avg * block_bytes
+    bw = dev.dram_gbps * 1e3 * min(1.0, in_flight_bytes / OUTER_BYTES_IN_FLIGHT)  # B/us
+    # waves: blocks run resident x sms at a time; the busiest SM sets the time
+    waves = blocks / (dev.sms * resident)
+    stretch = max(1.0, math.ceil(waves) / waves) if waves > 1 else 1.0
+    if blocks >= dev.sms:
+        stretch *= math.ceil(blocks / dev.sms) / (blocks / dev.sms)
+    main = spec.bytes_moved() / bw * stretch
+    ws = fin = 0.0
+    if s.split_rows > 1:
+        ws = 2 * s.split_rows * spec.cols * 4 * len(spec.reductions) / (dev.dram_gbps * 1e3)
+        fin = FINALIZE_US
+    return OuterCost(blocks, per_sm, in_flight_bytes / 1024, main, ws, fin)
+
+
+def _split(spec: KernelSpec, dev: Device, col_tiles: int, rows_per_step: int, k: int) -> int:
+    """Row splits so that col_tiles x split ~ k blocks per SM, each with MIN_STEPS steps."""
+    # rounded down: one block past k a SM would make some SM run k + 1 of them
+    want = dev.sms * k // col_tiles
+    most = max(1, spec.rows // (rows_per_step * MIN_STEPS))
+    return max(1, min(want, most))
+
+
+def _make(
+    spec: KernelSpec, v: int, tpr: int, warps: int, loads: int, split: int, fin: int
+) -> Schedule:
+    thread_rows = max(warps * 32 // tpr, 1)
+    # fewer rows than thread rows: a step's tile is only as tall as the rows (Triton's
+    # [rows_per_block, chunk] tile; CUDA's thread rows past the end are predicated off)
+    return Schedule(
+        "outer_reduction",
+        spec.rows,
+        spec.cols,
+        v,
+        tpr,
+        min(thread_rows * loads, pow2_ceil(spec.rows)),
+        num_warps=warps,
+        split_rows=split,
+        finalize_cols=fin,
+        index_bits=index_bits(spec),
+    )
+
+
+def _space(spec: KernelSpec, dev: Device, v: int) -> list[tuple[int, int, int, int]]:
+    """(threads_per_row, warps, loads in flight a thread, blocks per SM wanted) to try."""
+    widest = max((a.dtype.itemsize for a in spec.full_args()), default=4)
+    top = pow2_ceil(-(-spec.cols // v))
+    low = min(top, max(1, MIN_TILE_BYTES // (v * widest)))
+    out = []
+    tpr = low
+    while tpr <= min(top, 128):
+        for warps in (4, 8):
+            if tpr > warps * 32:
+                continue
+            for loads in (1, 2, 4):
+                for k in (1, 2, 4, 8):
+                    out.append((tpr, warps, loads, k))
+        tpr *= 2
+    return out
+
+
+def _schedules(
+    spec: KernelSpec, dev: Device, backend: Backend, v: int
+) -> list[tuple[Schedule, int, OuterCost]]:
+    """Every (schedule, registers, cost) of the space, with and without the row split."""
+    seen: dict[tuple, tuple[Schedule, int, OuterCost]] = {}
+    for tpr, warps, loads, k in _space(spec, dev, v):
+        thread_rows = max(warps * 32 // tpr, 1)
+        rows_per_step = thread_rows * loads
+        if loads > 1 and rows_per_step > pow2_ceil(spec.rows):
+            continue  # more loads a thread than the rows give
+        col_tiles = -(-spec.cols // (tpr * v))
+        for split in {1, _split(spec, dev, col_tiles, rows_per_step, k)}:
+            key = (tpr, warps, loads, split)
+            if key in seen:
+                continue
+            s = _make(spec, v, tpr, warps, loads, split, finalize_cols(spec, dev, v, split))
+            regs = registers(spec, s, backend)
+            if regs >= 255 or not dev.blocks_per_sm(s.threads, regs):
+                continue
+            seen[key] = (s, regs, cost(spec, dev, s, regs))
+    return list(seen.values())
+
+
+def _pick(scored: list[tuple[Schedule, int, OuterCost]]) -> tuple[Schedule, int, OuterCost]:
+    # the fastest predicted; within 3% of it, the fewest partials, then the tiling with
+    # the fewest padding lanes (a partial last tile leaves its blocks short of work), then
+    # the widest tile
+    best = min(c.total_us for _, _, c in scored)
+    near = [x for x in scored if x[2].total_us <= best * 1.03]
+
+    def key(x: tuple[Schedule, int, OuterCost]) -> tuple:
+        s = x[0]
+        lanes = s.cols / (s.grid[0] * s.chunk)
+        return (s.split_rows, -round(lanes, 2), -s.chunk, s.rows_per_block, s.num_warps)
+
+    return min(near, key=key)
+
+
+def _describe(spec: KernelSpec, dev: Device, s: Schedule, c: OuterCost) -> str:
+    loads = max(s.rows_per_block * s.threads_per_row // s.threads, 1)
+    return (
+        f"{c.blocks} blocks ({c.blocks_per_sm} resident a SM), {loads} load(s) of "
+        f"{s.vector * _load_bytes(spec)} B in flight a thread = {c.in_flight_kb:.0f} KB a SM "
+        f"(latency needs ~{OUTER_BYTES_IN_FLIGHT // 1024} KB): predicted {c.total_us:.1f} us"
+    )
+
+
+def schedule_outer(spec: KernelSpec, dev: Device, backend: Backend | str = "triton") -> Schedule:
+    """The column reduction's schedule: split-M two stage or column-tiled single stage,
+    whichever the device model predicts faster, with the reasons."""
+    backend = get_backend(backend)
+    reasons: list[str] = []
+    v = vector_width(spec, reasons, masked_tail=backend.limits.masked_outer_tail)
+    scored = _schedules(spec, dev, backend, v)
+    s, regs, c = _pick(scored)
+    single = [x for x in scored if x[0].split_rows == 1]
+    split = [x for x in scored if x[0].split_rows > 1]
+    col_tiles = s.grid[0]
+    reasons.append(
+        f"column tile {s.chunk} = {s.threads_per_row} threads x vector {v}, "
+        f"{s.rows_per_block} rows a step ({s.num_warps} warps); {col_tiles} column tile(s)"
+    )
+    if s.split_rows > 1:
+        best1 = min(single, key=lambda x: x[2].total_us) if single else None
+        alone = (
+            f"unsplit, the best column tiling ({best1[0].chunk} columns, "
+            f"{best1[0].grid[0]} tiles) would be " + _describe(spec, dev, best1[0], best1[2])
+            if best1
+            else "no single-stage schedule fits"
+        )
+        reasons.append(f"split-M two stage, {s.split_rows} row splits: {alone}")
+        reasons.append(
+            f"chosen: {_describe(spec, dev, s, c)}, of which workspace "
+            f"{s.split_rows} x {spec.cols} fp32 ({c.workspace_us:.2f} us: "
+            f"{2 * s.split_rows * spec.cols * 4 / spec.bytes_moved():.1%} of the bytes) and "
+            f"finalize ~{c.finalize_us:.0f} us"
+        )
+        reasons.append(
+            f"finalize: {s.finalize_cols} columns a block, its threads over the "
+            f"{s.split_rows} partials, added in a fixed order (deterministic, no float atomics)"
+        )
+        reasons.append(FINALIZE_WHY)
+    else:
+        best2 = min(split, key=lambda x: x[2].total_us) if split else None
+        other = (
+            f"; the best split-M schedule predicts {best2[2].total_us:.1f} us "
+            f"(workspace and a finalize launch ~{FINALIZE_US:.0f} us)"
+            if best2
+            else ""
+        )
+        reasons.append(
+            f"column-tiled single stage, no row split: {_describe(spec, dev, s, c)}{other}"
+        )
+    reasons.append(f"{len(scored)} candidates scored with the {backend.name} register estimate")
+    covered = col_tiles * s.chunk
+    return _with(s, _estimate(spec, dev, s, regs, 0, covered), reasons)
+
+
+def outer_candidates(spec: KernelSpec, dev: Device, backend: Backend | str) -> list[Schedule]:
+    """Every schedule the outer heuristic scores (for the sweep's regret), with its
+    predicted time among the reasons."""
+    backend = get_backend(backend)
+    v = vector_width(spec, [], masked_tail=backend.limits.masked_outer_tail)
+    out = []
+    for s, regs, c in _schedules(spec, dev, backend, v):
+        why = [f"sweep candidate: {_describe(spec, dev, s, c)}"]
+        out.append(_with(s, _estimate(spec, dev, s, regs, 0, s.grid[0] * s.chunk), why))
+    return out
