@@ -44,6 +44,7 @@ IGNORED_BY = {
         "two wide",
         "finalize_threads": "Triton's finalize launches with num_warps=4 over a column tile it "
         "lays out itself",
+        "column_rows_shared": "Triton folds a block's rows of column partials with tl.sum",
     },
 }
 
@@ -51,11 +52,13 @@ IGNORED_BY = {
 @dataclass(frozen=True)
 class RowPass:
     """One pass over a persistent row's registers: the nodes it computes (element-wise
-    and the reductions it feeds), run after reduction round `index`."""
+    and the reductions it feeds), run after reduction round `index`; in an inner_outer
+    kernel, `columns` are the column reductions it accumulates across the rows."""
 
     index: int
     nodes: tuple[Node, ...]
     reductions: tuple[Node, ...]
+    columns: tuple[Node, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,9 @@ class Workspace:
 
 @dataclass(frozen=True)
 class KernelPlan:
-    kind: str  # the scheduler kind: pointwise | inner_persistent | inner_looped | outer_reduction
+    # the scheduler kind: pointwise | inner_persistent | inner_looped | outer_reduction |
+    # inner_outer
+    kind: str
     rows: int
     cols: int
     # tiling: a block covers rows_per_block rows x chunk columns, chunk = tpr * vector
@@ -125,6 +130,20 @@ class KernelPlan:
     walk_tail_slots: int = 0
     # threads of the finalize launch adding the workspaces' partials (0: no finalize)
     finalize_threads: int = 0
+    # inner_outer: the kernel walks the rows in a grid-stride loop (programs blocks,
+    # rows_per_block rows a step, the last step's rows guarded if row_guard) and
+    # accumulates the column reductions of each pass (RowPass.columns) in fp32 registers,
+    # one partial per thread row; a block folds its thread rows (CUDA: through
+    # column_rows_shared bytes of shared memory, in thread-row order) and writes one
+    # partial row per workspace. The finalize launch (finalize_blocks blocks of
+    # finalize_cols columns, finalize_rows partials added at once, then folded in a fixed
+    # order) adds the split_rows partial rows and computes `epilogue`: the column ops after
+    # the column reductions (a cast to the parameter dtype).
+    epilogue: tuple[Node, ...] = ()
+    finalize_blocks: int = 0  # 0: one per column tile of the grid (outer_reduction)
+    finalize_cols: int = 0
+    finalize_rows: int = 0
+    column_rows_shared: int = 0
     spec: KernelSpec = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     schedule: Schedule = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
@@ -140,6 +159,11 @@ class KernelPlan:
     def finalize(self) -> bool:
         """A second launch adds the workspaces' partial sums in a fixed order."""
         return bool(self.workspaces)
+
+    @property
+    def finalize_grid(self) -> tuple[int, ...]:
+        """The finalize launch's grid: its column blocks."""
+        return (self.finalize_blocks or self.grid[0],)
 
     @property
     def chunk_count(self) -> int:
@@ -168,14 +192,20 @@ class KernelPlan:
             f"  tile: {self.rows_per_block} row(s) x {self.chunk} columns "
             f"({self.threads_per_row} threads x vector {self.vector})"
         )
-        if self.kind == "inner_persistent":
+        if self.kind in ("inner_persistent", "inner_outer"):
             tile += f"; {self.persistent_batch} chunk(s) in registers"
             if self.tail:
                 tile += f" + a tail of {self.tail} ({self.tail_vector} a thread)"
         if self.unroll > 1:
             tile += f"; {self.unroll} chunks an iteration"
         lines.append(tile)
-        if self.programs:
+        if self.kind == "inner_outer":
+            steps = -(-self.rows // (self.grid[0] * self.rows_per_block))
+            lines.append(
+                f"  row loop: {self.grid[0]} blocks walk the rows {self.rows_per_block} at a "
+                f"time, grid-stride, up to {steps} step(s) each"
+            )
+        elif self.programs:
             lines.append(f"  row loop: {self.programs} resident programs prefetch their next row")
         if self.kind == "pointwise":
             lines.append(
@@ -208,6 +238,10 @@ class KernelPlan:
         names = {v.id: v.name for n in self.spec.nodes for v in n.outputs} if self.spec else {}
         for p in self.passes:
             reds = ", ".join(n.out.name for n in p.reductions) or "the outputs"
+            if p.columns:
+                reds += "; accumulates column partials of " + ", ".join(
+                    n.out.name for n in p.columns
+                )
             keep = ", ".join(sorted(names.get(v, str(v)) for v in self.kept_by(p.index)))
             lines.append(
                 f"  pass {p.index}: {len(p.nodes)} ops -> {reds}"
@@ -224,8 +258,23 @@ class KernelPlan:
             )
         for ws in self.workspaces:
             lines.append(f"  workspace {ws.name}: {self.split_rows} x {self.cols} {ws.dtype.value}")
+        if self.column_rows_shared:
+            lines.append(
+                f"  a block folds its {self.rows_per_block} thread rows of partials through "
+                f"{self.column_rows_shared} B of shared memory"
+            )
         if self.finalize:
             lines.append(
-                f"  finalize launch: grid ({self.grid[0]},), adds {self.split_rows} partials"
+                f"  finalize launch: grid {self.finalize_grid}, adds {self.split_rows} partials"
+                + (
+                    f" ({self.finalize_rows} at a time, {self.finalize_cols} columns a block)"
+                    if self.finalize_rows
+                    else ""
+                )
+                + (
+                    f"; then {len(self.epilogue)} column op(s) to the outputs"
+                    if self.epilogue
+                    else ""
+                )
             )
         return "\n".join(lines)

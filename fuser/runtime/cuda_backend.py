@@ -351,7 +351,9 @@ def _launch_plan(kernel: Any, index: int) -> tuple[bytes, str, list[tuple[str, t
     cubin = compile_cubin(kernel.source, kernel.name, arch)
     plan = [(kernel.name, s.grid, s.threads)]
     if kernel.workspaces:
-        plan.append((kernel.name + "_finalize", (s.grid[0],), kernel.plan.finalize_threads))
+        plan.append(
+            (kernel.name + "_finalize", kernel.plan.finalize_grid, kernel.plan.finalize_threads)
+        )
     return cubin, digest(kernel.source, arch), plan
 
 

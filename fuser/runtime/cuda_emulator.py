@@ -208,7 +208,7 @@ def emulate(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
         raise FuserError("emulating CUDA kernels needs g++ (C++20)")
     s, spec = kernel.schedule, kernel.spec
     types = [MEMORY[a.dtype] for a in spec.args]
-    types += [acc_type(n.inputs[0].dtype) for n in spec.reductions][: len(kernel.workspaces)]
+    types += [acc_type(ws.reduction.inputs[0].dtype) for ws in kernel.plan.workspaces]
     types += ["long long" for _ in checks]
     kernels = [(kernel.name, types)]
     if kernel.workspaces:
@@ -220,7 +220,8 @@ def emulate(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
     grid = (*s.grid, 1, 1)[:3]
     launches = [(kernel.name, grid, s.threads)]
     if kernel.workspaces:
-        launches.append((kernel.name + "_finalize", (grid[0], 1, 1), kernel.plan.finalize_threads))
+        fin_grid = (kernel.plan.finalize_grid[0], 1, 1)
+        launches.append((kernel.name + "_finalize", fin_grid, kernel.plan.finalize_threads))
     for name, g, threads in launches:
         bad = getattr(lib, f"fuser_emulate_{name}")(args, *map(ctypes.c_uint, g), threads)
         if bad:

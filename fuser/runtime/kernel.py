@@ -42,7 +42,7 @@ def _launch_hooked() -> bool:
     return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 
 
-def _direct_launches(first: Any, grid3: tuple, fin: Any) -> list[tuple] | None:
+def _direct_launches(first: Any, grid3: tuple, fin: Any, fin_grid: tuple) -> list[tuple] | None:
     """(launcher, function, packed metadata, grid) of a compiled kernel and its finalize
     pass: what Triton's own launch wrapper passes to the launcher on every call. None
     when this Triton's CompiledKernel does not have them (the wrapper is used then)."""
@@ -53,7 +53,7 @@ def _direct_launches(first: Any, grid3: tuple, fin: Any) -> list[tuple] | None:
         _runtime_knobs = knobs.runtime
         out = [(first.run, first.function, first.packed_metadata, grid3)]
         if fin is not None:
-            out.append((fin.run, fin.function, fin.packed_metadata, (grid3[0], 1, 1)))
+            out.append((fin.run, fin.function, fin.packed_metadata, (fin_grid[0], 1, 1)))
         return out
     except AttributeError:
         return None
@@ -145,11 +145,9 @@ class Kernel:
         self.workspaces = [ws.name for ws in self.plan.workspaces]
         # a compiled kernel's launcher wants all three grid dimensions
         self._grid3 = (*self.schedule.grid, 1, 1)[:3]
-        self.workspace_dtypes = (
-            [accumulator_dtype(n.inputs[0].dtype) for n in self.spec.reductions]
-            if self.workspaces
-            else []
-        )
+        self.workspace_dtypes = [
+            accumulator_dtype(ws.reduction.inputs[0].dtype) for ws in self.plan.workspaces
+        ]
 
     def launch(self, tensors: list[torch.Tensor]) -> None:
         """Run on `tensors`, the spec's args in order (inputs, then the outputs it writes),
@@ -206,7 +204,7 @@ class Kernel:
                 return
             self._compiled[self._grid3](*args)
             if self._finalize is not None:
-                self._finalize[(self._grid3[0], 1, 1)](*args)
+                self._finalize[(self.plan.finalize_grid[0], 1, 1)](*args)
             return
         from fuser.runtime.triton_backend import load_module
 
@@ -223,10 +221,10 @@ class Kernel:
             fin = None
             if self.workspaces:
                 finalize = getattr(self._module, self.name + "_finalize")
-                fin = finalize[(s.grid[0],)](*args, num_warps=4, **TRITON_OPTIONS)
+                fin = finalize[self.plan.finalize_grid](*args, num_warps=4, **TRITON_OPTIONS)
         if not interp and first is not None:
             self._compiled, self._finalize = first, fin
-            self._fast = _direct_launches(first, self._grid3, fin)
+            self._fast = _direct_launches(first, self._grid3, fin, self.plan.finalize_grid)
 
     def _workspace_tensors(self, device: torch.device) -> list[torch.Tensor]:
         n = self.schedule.split_rows * self.spec.cols

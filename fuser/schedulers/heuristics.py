@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from fuser.backends.base import Backend
 from fuser.backends.registry import get_backend
+from fuser.errors import ScheduleError
 from fuser.plan.build import make_plan
 from fuser.schedulers.device import Device
 from fuser.schedulers.online import looped_plan
@@ -442,13 +443,22 @@ def schedule_outer(
 
 
 def choose_schedule(spec: KernelSpec, dev: Device, backend: Backend | str = "triton") -> Schedule:
-    """The heuristic's schedule for `spec` on `dev`, chosen with `backend`'s estimate."""
+    """The heuristic's schedule for `spec` on `dev`, chosen with `backend`'s estimate.
+    (A kernel with row and column reductions: fuser.schedulers.choose.)"""
     backend = get_backend(backend)
+    _not_inner_outer(spec)
     if spec.layout.outer:
         return schedule_outer(spec, dev, backend=backend)
     if spec.layout.inner:
         return schedule_inner(spec, dev, backend)
     return schedule_pointwise(spec, dev, backend=backend)
+
+
+def _not_inner_outer(spec: KernelSpec) -> None:
+    if spec.layout.inner_outer:
+        raise ScheduleError(
+            f"{spec.name} has row and column reductions: fuser.schedulers.choose schedules it"
+        )
 
 
 def candidate_schedules(
@@ -460,6 +470,7 @@ def candidate_schedules(
     the best beside it).
     """
     backend = get_backend(backend)
+    _not_inner_outer(spec)
     out: list[Schedule] = []
     if spec.layout.outer:
         v = vector_width(spec, [], masked_tail=backend.limits.masked_outer_tail)

@@ -98,9 +98,29 @@ def estimate_registers(
     return min(regs, 255), buf
 
 
+# An inner_outer kernel is an inner persistent row plus, per thread, one fp32 accumulator
+# per column reduction for each row element it holds (kept across the whole row loop), and
+# the grid-stride loop's row index and bound. Not yet calibrated against ptxas beyond the
+# LayerNorm/RMSNorm backward at a few sizes (tests/test_inner_outer.py).
+INNER_OUTER_LOOP = 4
+
+
+def column_accumulator_registers(plan: KernelPlan, per_thread: int) -> int:
+    """Registers of an inner_outer kernel's column partials: `per_thread` elements of
+    each column reduction's accumulator (fp32: one word, fp64: two)."""
+    words = sum(ws.dtype.itemsize for ws in plan.workspaces) / 4
+    return math.ceil(per_thread * words)
+
+
 def triton_registers(plan: KernelPlan) -> int:
     """Registers per thread the Triton backend's kernel for `plan` is expected to use."""
     spec, s = plan.spec, plan
+    if s.kind == "inner_outer":
+        tail = max(s.tail // s.threads_per_row, 1) if s.tail else 0
+        per_thread = s.persistent_batch * s.vector + tail
+        regs, _ = estimate_registers(spec, per_thread, s.chunk_count, s.num_warps, True)
+        regs += column_accumulator_registers(plan, per_thread) + INNER_OUTER_LOOP
+        return min(regs, 255)
     if s.kind == "inner_persistent":
         tail = max(s.tail // s.threads_per_row, 1) if s.tail else 0
         per_thread = s.persistent_batch * s.vector + tail
@@ -166,7 +186,12 @@ def _words(spec: KernelSpec, kinds: tuple, outputs: bool = False) -> float:
 def cuda_registers(plan: KernelPlan) -> int:
     """Registers per thread the CUDA backend's kernel for `plan` is expected to use."""
     spec, s = plan.spec, plan
-    if s.kind == "inner_persistent":
+    if s.kind == "inner_outer":
+        per_thread = s.persistent_batch * s.vector + s.tail_vector
+        regs = CUDA_PERSISTENT_BASE + buffer_registers(spec, per_thread) + INNER_OUTER_LOOP
+        regs += math.ceil(per_thread * _words(spec, (Kind.COL,)) / CUDA_COLUMN_LOOKAHEAD)
+        regs += column_accumulator_registers(plan, per_thread)
+    elif s.kind == "inner_persistent":
         per_thread = s.persistent_batch * s.vector + s.tail_vector
         buf = buffer_registers(spec, per_thread)
         regs = CUDA_PERSISTENT_BASE + buf
