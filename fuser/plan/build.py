@@ -190,21 +190,17 @@ def plan_inner_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
     blocks = s.grid[0]
     fin_cols = min(FINALIZE_COLS, pow2_ceil(spec.cols))
     fin_rows = min(FINALIZE_ROWS, pow2_ceil(blocks))
-    # the thread rows of a block, folded through shared memory: one fp32 row of the
-    # covered columns per thread row but the first (reused by each column reduction)
-    shared = (
-        (s.rows_per_block - 1)
-        * covered
-        * 4
-        * max((accumulator(n.inputs[0].dtype).itemsize // 4 for n in columns), default=1)
-    )
+    # the thread rows of a block fold their partials chunk by chunk through shared
+    # memory: a vector of accumulators a thread (reused by each chunk and reduction)
+    word = max((accumulator(n.inputs[0].dtype).itemsize for n in columns), default=4)
+    shared = s.threads * s.vector * word if s.rows_per_block > 1 else 0
     return _common(
         spec,
         s,
         tail_vector=tv,
         row_guard=spec.rows % (blocks * s.rows_per_block) != 0,
         col_guard=covered > spec.cols,
-        packs=_packs(spec, {s.vector, tv}),
+        packs=_packs(spec, {s.vector, tv, 1}),  # 1: the finalize's column a thread
         passes=passes,
         kept=kept,
         workspaces=tuple(

@@ -134,7 +134,7 @@ class KernelPlan:
     # rows_per_block rows a step, the last step's rows guarded if row_guard) and
     # accumulates the column reductions of each pass (RowPass.columns) in fp32 registers,
     # one partial per thread row; a block folds its thread rows (CUDA: through
-    # column_rows_shared bytes of shared memory, in thread-row order) and writes one
+    # column_rows_shared bytes of shared memory, a fixed-order tree) and writes one
     # partial row per workspace. The finalize launch (finalize_blocks blocks of
     # finalize_cols columns, finalize_rows partials added at once, then folded in a fixed
     # order) adds the split_rows partial rows and computes `epilogue`: the column ops after
