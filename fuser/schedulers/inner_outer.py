@@ -119,7 +119,7 @@ def layouts(spec: KernelSpec, dev: Device, v: int, backend: Backend) -> tuple[li
             regs = min(backend.estimate(plan), 255)
             tv = max(tail // tpr, 1) if tail else 0
             per_thread = batch * v + tv
-            buf = buffer_registers(spec, per_thread)
+            buf = per_thread * max(len(plan.kept), 1 if buffer_registers(spec, 1) else 0)
             acc = math.ceil(per_thread * sum(w.dtype.itemsize for w in plan.workspaces) / 4)
             bps = dev.blocks_per_sm(threads, regs, plan.column_rows_shared)
             if buf + acc > MAX_BUFFER_REGISTERS or regs >= 255 or not bps:

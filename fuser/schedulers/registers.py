@@ -98,11 +98,14 @@ def estimate_registers(
     return min(regs, 255), buf
 
 
-# An inner_outer kernel is an inner persistent row plus, per thread, one fp32 accumulator
-# per column reduction for each row element it holds (kept across the whole row loop), and
-# the grid-stride loop's row index and bound. Not yet calibrated against ptxas beyond the
-# LayerNorm/RMSNorm backward at a few sizes (tests/test_inner_outer.py).
-INNER_OUTER_LOOP = 4
+# An inner_outer kernel holds, per row element of a thread: the values kept across the row
+# reductions (ptxas keeps each of them, unlike the inner persistent kernel's newest form:
+# LayerNorm backward keeps g and xhat), one accumulator per column reduction (kept across
+# the whole row loop) and the loaded inputs' words. Fitted to ptxas (sm_90) on LayerNorm
+# backward bf16 at H = 768 / 1600 / 4096 / 8192: Triton 80 / 80 / 120 / 120 (model 96 / 76
+# / 116 / 116), CUDA 72 / 96 / 102 / 128 (model 88 / 93 / 108 / 108).
+INNER_OUTER_BASE_TRITON = 36
+INNER_OUTER_BASE_CUDA = 28
 
 
 def column_accumulator_registers(plan: KernelPlan, per_thread: int) -> int:
@@ -112,15 +115,22 @@ def column_accumulator_registers(plan: KernelPlan, per_thread: int) -> int:
     return math.ceil(per_thread * words)
 
 
+def inner_outer_registers(plan: KernelPlan, per_thread: int, base: int) -> int:
+    """Registers of an inner_outer kernel: `base`, plus per row element of a thread the
+    kept values, the column accumulators and the loaded inputs' words."""
+    kept = max(len(plan.kept), 1 if plan.spec.crossing_words() else 0)
+    regs = base + per_thread * kept + column_accumulator_registers(plan, per_thread)
+    regs += math.ceil(per_thread * _words(plan.spec, (Kind.FULL,)))
+    return min(regs, 255)
+
+
 def triton_registers(plan: KernelPlan) -> int:
     """Registers per thread the Triton backend's kernel for `plan` is expected to use."""
     spec, s = plan.spec, plan
     if s.kind == "inner_outer":
         tail = max(s.tail // s.threads_per_row, 1) if s.tail else 0
         per_thread = s.persistent_batch * s.vector + tail
-        regs, _ = estimate_registers(spec, per_thread, s.chunk_count, s.num_warps, True)
-        regs += column_accumulator_registers(plan, per_thread) + INNER_OUTER_LOOP
-        return min(regs, 255)
+        return inner_outer_registers(plan, per_thread, INNER_OUTER_BASE_TRITON)
     if s.kind == "inner_persistent":
         tail = max(s.tail // s.threads_per_row, 1) if s.tail else 0
         per_thread = s.persistent_batch * s.vector + tail
@@ -188,9 +198,7 @@ def cuda_registers(plan: KernelPlan) -> int:
     spec, s = plan.spec, plan
     if s.kind == "inner_outer":
         per_thread = s.persistent_batch * s.vector + s.tail_vector
-        regs = CUDA_PERSISTENT_BASE + buffer_registers(spec, per_thread) + INNER_OUTER_LOOP
-        regs += math.ceil(per_thread * _words(spec, (Kind.COL,)) / CUDA_COLUMN_LOOKAHEAD)
-        regs += column_accumulator_registers(plan, per_thread)
+        regs = inner_outer_registers(plan, per_thread, INNER_OUTER_BASE_CUDA)
     elif s.kind == "inner_persistent":
         per_thread = s.persistent_batch * s.vector + s.tail_vector
         buf = buffer_registers(spec, per_thread)

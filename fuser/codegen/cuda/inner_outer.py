@@ -149,7 +149,7 @@ def _partials(
     if s.rows_per_block > 1:
         w.comment("fold the block's thread rows: a fixed-order tree through shared memory", "//")
         at = acc_type(columns[0].inputs[0].dtype)
-        w.line(f"__shared__ {at} fold[{s.threads} * V];")
+        w.line(f"__shared__ {at} fold[{s.column_rows_shared} / sizeof({at})];")
         for n in columns:
             w.line("#pragma unroll")
             w.line(
