@@ -41,6 +41,10 @@ from fuser.schedulers.registers import buffer_registers
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import KernelSpec
 
+# The partial rows (written by the kernel, read by the finalize) may cost at most this
+# share of the fusion's own traffic: it caps the grid where rows are short (H=768 bf16 at
+# 1452 blocks would move 21% more bytes).
+MAX_PARTIAL_SHARE = 1 / 8
 # A block folds its thread rows' column partials through static shared memory: at most
 # this much (the 48 KB static limit, with room for the row reductions' scratch).
 MAX_FOLD_SHARED = 32 * 1024
@@ -138,7 +142,7 @@ def layouts(spec: KernelSpec, dev: Device, v: int, backend: Backend) -> tuple[li
                     -(-TARGET_WARPS_PER_SM // max(threads // 32, 1)),
                     -(-BYTES_IN_FLIGHT_PER_SM // inflight),
                 )
-                k = min(k, bps)
+                k = min(k, bps, max(1, _partial_cap(spec) // dev.sms))
                 s = _schedule(spec, v, tpr, rpb, batch, tail, dev.sms * k)
                 out.append(
                     Layout(
@@ -162,6 +166,13 @@ def layouts(spec: KernelSpec, dev: Device, v: int, backend: Backend) -> tuple[li
     return out, why_not
 
 
+def _partial_cap(spec: KernelSpec) -> int:
+    """The most blocks (partial rows) whose write and read stay within MAX_PARTIAL_SHARE
+    of the traffic."""
+    row = 2 * spec.cols * 4 * max(len(column_results(spec)[0]), 1)
+    return int(spec.bytes_moved() * MAX_PARTIAL_SHARE // row)
+
+
 def _itemsize(spec: KernelSpec) -> int:
     return max(
         (a.dtype.itemsize for a in spec.full_args() if not a.is_output),
@@ -172,9 +183,8 @@ def _itemsize(spec: KernelSpec) -> int:
 def score(spec: KernelSpec, c: Layout, backend: Backend) -> tuple[float, list[str]]:
     """Relative throughput of one layout (higher is better): the inner persistent
     scheduler's terms (latency covered by bytes in flight, occupancy, elements a thread,
-    tails, several rows a block) times the share of the traffic that is the fusion's own.
-    The partial rows are written once and read once by the finalize; the read mostly hits
-    the L2 (a few MB, written just before), so they count once."""
+    tails, several rows a block) times the share of the traffic that is the fusion's own
+    (the partial rows are written once and read once by the finalize)."""
     warps_sm = c.blocks_per_sm * max(c.threads // 32, 1)
     lanes = spec.cols / c.covered
     inflight = c.blocks_per_sm * c.threads * c.per_thread * _itemsize(spec)
@@ -190,7 +200,7 @@ def score(spec: KernelSpec, c: Layout, backend: Backend) -> tuple[float, list[st
     sync = {512: 0.98, 1024: 0.9}.get(c.threads_per_row, 1.0)
     main = spec.bytes_moved()
     ncol = len(column_results(spec)[0])
-    partial = c.blocks * spec.cols * 4 * ncol
+    partial = 2 * c.blocks * spec.cols * 4 * ncol
     traffic = main / (main + partial)
     sc = lanes**0.25 * latency * occupancy * rows_pen * work * tail_pen * sync * traffic
     why = [
@@ -252,7 +262,8 @@ def schedule_inner_outer(
     reasons.append(
         f"grid {s.grid[0]} = {dev.sms} SMs x k={best.blocks_per_sm} (the fewest blocks/SM "
         f"giving {TARGET_WARPS_PER_SM} warps or {BYTES_IN_FLIGHT_PER_SM // 1024} KB in "
-        "flight; each block writes one partial row)"
+        f"flight, at most {_partial_cap(spec)} partial rows: {MAX_PARTIAL_SHARE:.0%} of "
+        "the traffic; each block writes one partial row)"
         if s.grid[0] == dev.sms * best.blocks_per_sm
         else f"grid {s.grid[0]}: one block per row step ({spec.rows} rows)"
     )
