@@ -443,8 +443,7 @@ def schedule_outer(
 
 
 def choose_schedule(spec: KernelSpec, dev: Device, backend: Backend | str = "triton") -> Schedule:
-    """The heuristic's schedule for `spec` on `dev`, chosen with `backend`'s estimate.
-    (A kernel with row and column reductions: fuser.schedulers.choose.)"""
+    """The heuristic's schedule for `spec` on `dev`, chosen with `backend`'s estimate."""
     backend = get_backend(backend)
     _not_inner_outer(spec)
     if spec.layout.outer:
@@ -454,11 +453,9 @@ def choose_schedule(spec: KernelSpec, dev: Device, backend: Backend | str = "tri
     return schedule_pointwise(spec, dev, backend=backend)
 
 
-def _not_inner_outer(spec: KernelSpec) -> None:
+def _not_inner_outer(spec: KernelSpec) -> None:  # row and column reductions: choose.py
     if spec.layout.inner_outer:
-        raise ScheduleError(
-            f"{spec.name} has row and column reductions: fuser.schedulers.choose schedules it"
-        )
+        raise ScheduleError(f"{spec.name}: row and column reductions (schedulers/choose.py)")
 
 
 def candidate_schedules(
