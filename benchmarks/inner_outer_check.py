@@ -69,7 +69,9 @@ def main() -> None:
             nbytes = (8 if kind == "resid" else 5) * M * H * 2
             row = []
             for k, fn in fns.items():
-                ms = do_bench(lambda: fn(*ts[k], dy, dh), warmup=25, rep=200)
+                ms = do_bench(
+                    lambda fn=fn, t=ts[k], dy=dy, dh=dh: fn(*t, dy, dh), warmup=25, rep=200
+                )
                 row.append(f"{k} {ms * 1e3:.1f} us {nbytes / ms / 1e6:.0f} GB/s")
             print(f"{kind} H={H} [{a.backend}] rel err max {max(errs):.2e} | " + " | ".join(row))
     print(explain(brief=True))
