@@ -17,7 +17,7 @@ from fuser.bench.cases import Case, Tensors
 from fuser.ir.dtypes import dtype_of
 from fuser.ir.evaluate import tolerance
 from fuser.runtime.executor import CompiledFusion, render_kernel
-from fuser.schedulers.heuristics import candidate_schedules
+from fuser.schedulers.choose import candidate_schedules
 from fuser.schedulers.schedule import Schedule
 
 FLUSHES = ("read", "zero")

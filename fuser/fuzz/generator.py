@@ -35,6 +35,7 @@ PATTERNS = (
     "binary",
     "binary_scalar",
     "norm",
+    "inner_outer",
     "reduce",
     "where",
     "cast",

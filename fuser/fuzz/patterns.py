@@ -316,6 +316,35 @@ def _norm(d: Draft) -> None:
     d.emit(combine, (Ref(a), Ref(b)), {}, [_V(shape, axes, _binary_dtype(d, [a, b]))])
 
 
+def _inner_outer(d: Draft) -> None:
+    """A row statistic combined back into the row (dx-like), and that row, maybe times an
+    older value, summed over the leading dims (dw-like): one kernel with row and column
+    reductions (the inner-outer scheduler)."""
+    i = d.pick_float(min_rank=2)
+    v = d.vals[i]
+    r = len(v.shape)
+    if r < 2:
+        return _norm(d)
+    op = d.draw(st.sampled_from(("mean", "sum", "max")))
+    shape, axes = _reduced(v, (r - 1,), True)
+    s = d.emit(op, (Ref(i),), {"dims": (r - 1,), "keepdim": True}, [_V(shape, axes, v.dtype)])
+    s = d.to_domain(s)
+    combine = d.draw(st.sampled_from(("sub", "mul")))
+    (a, b), shape, axes = d.align([i, s])
+    y = d.emit(combine, (Ref(a), Ref(b)), {}, [_V(shape, axes, _binary_dtype(d, [a, b]))])
+    if d.draw(st.booleans()):  # dw = sum(dy * xhat): the row times another value
+        (a, b), shape, axes = d.align([y, d.pick_float(min_rank=2)])
+        y = d.emit("mul", (Ref(a), Ref(b)), {}, [_V(shape, axes, _binary_dtype(d, [a, b]))])
+    w = d.vals[y]
+    lead = tuple(range(len(w.shape) - 1))
+    if not lead:
+        return None
+    cop = d.draw(st.sampled_from(("sum", "sum", "mean", "max")))
+    shape, axes = _reduced(w, lead, False)
+    d.emit(cop, (Ref(y),), {"dims": lead, "keepdim": False}, [_V(shape, axes, w.dtype)])
+    return None
+
+
 def _compare(d: Draft) -> int:
     a = d.pick_float()
     op = d.draw(st.sampled_from(COMPARE))
@@ -410,6 +439,7 @@ PATTERN_FNS = {
     "binary_input": _binary_input,
     "older": _older,
     "norm": _norm,
+    "inner_outer": _inner_outer,
     "reduce": _reduce,
     "where": _where,
     "logical": _logical,

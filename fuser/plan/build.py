@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fuser.ir.dtypes import accumulator
-from fuser.ir.graph import Value
+from fuser.ir.graph import Node, Value
 from fuser.ir.ops import REDUCE, Op
 from fuser.plan.kernel_plan import KernelPlan, RowPass, Workspace
 from fuser.schedulers.online import looped_plan
@@ -21,6 +21,10 @@ from fuser.segmenter import Kind
 PER_THREAD = (Kind.ROW, Kind.SCALAR)
 # threads of an outer reduction's finalize block at most
 FINALIZE_MAX_THREADS = 256
+# an inner_outer finalize block adds FINALIZE_ROWS partials of FINALIZE_COLS columns at once
+# (a warp's coalesced 128 bytes of fp32 a partial row; 16 rows in flight a block)
+FINALIZE_COLS = 32
+FINALIZE_ROWS = 16
 
 
 def pow2_ceil(n: int) -> int:
@@ -45,11 +49,15 @@ def recomputed(spec: KernelSpec) -> frozenset[int]:
     return frozenset(cheap)
 
 
-def row_passes(spec: KernelSpec) -> tuple[tuple[RowPass, ...], tuple[tuple[int, int], ...]]:
+def row_passes(
+    spec: KernelSpec, skip: frozenset[int] = frozenset()
+) -> tuple[tuple[RowPass, ...], tuple[tuple[int, int], ...]]:
     """The passes of an inner persistent kernel (pass d runs after reduction round d) and
     the values kept in registers, with the pass that writes them. A FULL value is computed
     in the first pass that needs it; if a later pass needs it too, it is kept (the
-    persistent buffer). Values that depend on no FULL input are recomputed instead."""
+    persistent buffer). Values that depend on no FULL input are recomputed instead.
+    Outputs in `skip` are no pass's target (an inner_outer kernel's column results, which
+    its finalize launch computes)."""
     consts = {n.out.id for n in spec.nodes if n.op == Op.CONST}
     producer = {v.id: n for n in spec.nodes for v in n.outputs}
     cheap = recomputed(spec)
@@ -62,7 +70,9 @@ def row_passes(spec: KernelSpec) -> tuple[tuple[RowPass, ...], tuple[tuple[int, 
         targets += [
             a.value
             for a in spec.outputs
-            if a.kind in (Kind.FULL, Kind.COL) and spec.depth[a.value.id] == d
+            if a.kind in (Kind.FULL, Kind.COL)
+            and spec.depth[a.value.id] == d
+            and a.value.id not in skip
         ]
         need: set[int] = set()
         stack = list(targets)
@@ -150,6 +160,64 @@ def plan_inner_persistent(spec: KernelSpec, s: Schedule) -> KernelPlan:
     )
 
 
+def column_results(spec: KernelSpec) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
+    """(the column reductions, the epilogue: the nodes after them, in order) of an
+    inner_outer kernel."""
+    cols = tuple(n for n in spec.reductions if spec.kind(n.out) == Kind.COL)
+    after = {n.out.id for n in cols}
+    epilogue = []
+    for n in spec.nodes:
+        if n.op not in REDUCE and any(v.id in after for v in n.inputs):
+            after.update(v.id for v in n.outputs)
+            epilogue.append(n)
+    return cols, tuple(epilogue)
+
+
+def plan_inner_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
+    tv = tail_vector(s)
+    columns, epilogue = column_results(spec)
+    skip = frozenset(v.id for n in (*columns, *epilogue) for v in n.outputs)
+    passes, kept = row_passes(spec, skip)
+    col_ids = {id(n) for n in columns}
+    passes = tuple(
+        RowPass(
+            p.index,
+            p.nodes,
+            tuple(n for n in p.reductions if id(n) not in col_ids),
+            tuple(n for n in p.reductions if id(n) in col_ids),
+        )
+        for p in passes
+    )
+    covered = s.persistent_batch * s.chunk + s.threads_per_row * tv
+    blocks = s.grid[0]
+    fin_cols = min(FINALIZE_COLS, pow2_ceil(spec.cols))
+    fin_rows = min(FINALIZE_ROWS, pow2_ceil(blocks))
+    # the thread rows of a block fold their partials chunk by chunk through shared
+    # memory: a vector of accumulators a thread (reused by each chunk and reduction)
+    word = max((accumulator(n.inputs[0].dtype).itemsize for n in columns), default=4)
+    shared = s.threads * s.vector * word if s.rows_per_block > 1 else 0
+    return _common(
+        spec,
+        s,
+        tail_vector=tv,
+        row_guard=spec.rows % (blocks * s.rows_per_block) != 0,
+        col_guard=covered > spec.cols,
+        packs=_packs(spec, {s.vector, tv, 1}),  # 1: the finalize's column a thread
+        passes=passes,
+        kept=kept,
+        workspaces=tuple(
+            Workspace(f"ws_{n.out.name}", accumulator(n.inputs[0].dtype), n) for n in columns
+        ),
+        epilogue=epilogue,
+        finalize_threads=fin_cols * fin_rows,
+        finalize_tpr=fin_cols,  # a column a thread
+        finalize_grid=(-(-spec.cols // fin_cols),),
+        finalize_cols=fin_cols,
+        finalize_rows=fin_rows,
+        column_rows_shared=shared,
+    )
+
+
 def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
     width = s.chunk * s.unroll
     end = spec.cols // width * width
@@ -184,6 +252,7 @@ def plan_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
             finalize_tpr=fin_tpr,
             finalize_rows=threads // fin_tpr,
             finalize_grid=(-(-spec.cols // (fin_tpr * s.vector)),),
+            finalize_cols=fin_tpr * s.vector,
         )
     return _common(
         spec,
@@ -202,6 +271,7 @@ PLANNERS: dict[str, Callable[[KernelSpec, Schedule], KernelPlan]] = {
     "inner_persistent": plan_inner_persistent,
     "inner_looped": plan_inner_looped,
     "outer_reduction": plan_outer,
+    "inner_outer": plan_inner_outer,
 }
 
 

@@ -42,6 +42,7 @@ IGNORED_BY = {
         "row_steps": "Triton's outer row loop takes rows_per_block rows a step",
         "walk_tail_slots": "Triton walks a looped row's tail as one tile, the next power of "
         "two wide",
+        "column_rows_shared": "Triton folds a block's rows of column partials with tl.sum",
     },
 }
 
@@ -49,11 +50,13 @@ IGNORED_BY = {
 @dataclass(frozen=True)
 class RowPass:
     """One pass over a persistent row's registers: the nodes it computes (element-wise
-    and the reductions it feeds), run after reduction round `index`."""
+    and the reductions it feeds), run after reduction round `index`; in an inner_outer
+    kernel, `columns` are the column reductions it accumulates across the rows."""
 
     index: int
     nodes: tuple[Node, ...]
     reductions: tuple[Node, ...]
+    columns: tuple[Node, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,9 @@ class Workspace:
 
 @dataclass(frozen=True)
 class KernelPlan:
-    kind: str  # the scheduler kind: pointwise | inner_persistent | inner_looped | outer_reduction
+    # the scheduler kind: pointwise | inner_persistent | inner_looped | outer_reduction |
+    # inner_outer
+    kind: str
     rows: int
     cols: int
     # tiling: a block covers rows_per_block rows x chunk columns, chunk = tpr * vector
@@ -128,6 +133,17 @@ class KernelPlan:
     finalize_tpr: int = 0
     finalize_rows: int = 0
     finalize_grid: tuple[int, ...] = ()
+    # inner_outer: the kernel walks the rows in a grid-stride loop (programs blocks,
+    # rows_per_block rows a step, the last step's rows guarded if row_guard) and
+    # accumulates the column reductions of each pass (RowPass.columns) in fp32 registers,
+    # one partial per thread row; a block folds its thread rows (CUDA: through
+    # column_rows_shared bytes of shared memory, a fixed-order tree) and writes one
+    # partial row per workspace. Its finalize adds finalize_rows partials of
+    # finalize_cols columns at once, folds them in a fixed order, then computes
+    # `epilogue`: the column ops after the column reductions (a cast to the parameter dtype).
+    epilogue: tuple[Node, ...] = ()
+    finalize_cols: int = 0
+    column_rows_shared: int = 0
     spec: KernelSpec = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     schedule: Schedule = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
@@ -171,14 +187,20 @@ class KernelPlan:
             f"  tile: {self.rows_per_block} row(s) x {self.chunk} columns "
             f"({self.threads_per_row} threads x vector {self.vector})"
         )
-        if self.kind == "inner_persistent":
+        if self.kind in ("inner_persistent", "inner_outer"):
             tile += f"; {self.persistent_batch} chunk(s) in registers"
             if self.tail:
                 tile += f" + a tail of {self.tail} ({self.tail_vector} a thread)"
         if self.unroll > 1:
             tile += f"; {self.unroll} chunks an iteration"
         lines.append(tile)
-        if self.programs:
+        if self.kind == "inner_outer":
+            steps = -(-self.rows // (self.grid[0] * self.rows_per_block))
+            lines.append(
+                f"  row loop: {self.grid[0]} blocks walk the rows {self.rows_per_block} at a "
+                f"time, grid-stride, up to {steps} step(s) each"
+            )
+        elif self.programs:
             lines.append(f"  row loop: {self.programs} resident programs prefetch their next row")
         if self.kind == "pointwise":
             lines.append(
@@ -211,6 +233,10 @@ class KernelPlan:
         names = {v.id: v.name for n in self.spec.nodes for v in n.outputs} if self.spec else {}
         for p in self.passes:
             reds = ", ".join(n.out.name for n in p.reductions) or "the outputs"
+            if p.columns:
+                reds += "; accumulates column partials of " + ", ".join(
+                    n.out.name for n in p.columns
+                )
             keep = ", ".join(sorted(names.get(v, str(v)) for v in self.kept_by(p.index)))
             lines.append(
                 f"  pass {p.index}: {len(p.nodes)} ops -> {reds}"
@@ -227,10 +253,20 @@ class KernelPlan:
             )
         for ws in self.workspaces:
             lines.append(f"  workspace {ws.name}: {self.split_rows} x {self.cols} {ws.dtype.value}")
+        if self.column_rows_shared:
+            lines.append(
+                f"  a block folds its {self.rows_per_block} thread rows of partials through "
+                f"{self.column_rows_shared} B of shared memory"
+            )
         if self.finalize:
             lines.append(
                 f"  finalize launch: grid {self.finalize_grid}, {self.finalize_threads} threads: "
-                f"{self.finalize_tpr * self.vector} columns a block, {self.finalize_rows} "
+                f"{self.finalize_cols} columns a block, {self.finalize_rows} "
                 f"thread rows over the {self.split_rows} partials, combined in a fixed order"
+                + (
+                    f"; then {len(self.epilogue)} column op(s) to the outputs"
+                    if self.epilogue
+                    else ""
+                )
             )
         return "\n".join(lines)

@@ -208,7 +208,7 @@ def emulate(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
         raise FuserError("emulating CUDA kernels needs g++ (C++20)")
     s, spec = kernel.schedule, kernel.spec
     types = [MEMORY[a.dtype] for a in spec.args]
-    types += [acc_type(n.inputs[0].dtype) for n in spec.reductions][: len(kernel.workspaces)]
+    types += [acc_type(ws.reduction.inputs[0].dtype) for ws in kernel.plan.workspaces]
     types += ["long long" for _ in checks]
     kernels = [(kernel.name, types)]
     if kernel.workspaces:

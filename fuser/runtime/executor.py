@@ -19,8 +19,9 @@ from fuser.passes import Pipeline, run_pipeline
 from fuser.plan.build import make_plan
 from fuser.runtime.checks import poll
 from fuser.runtime.kernel import Kernel, device_problem
+from fuser.schedulers.choose import choose_schedule
 from fuser.schedulers.device import Device, get_device
-from fuser.schedulers.heuristics import choose_schedule
+from fuser.schedulers.inner_outer import InnerOuterSplit
 from fuser.schedulers.spec import Arg, KernelSpec
 from fuser.segmenter import Kind, Segment, segment
 
@@ -274,13 +275,8 @@ def plan(
             0, final.nodes, final.inputs, final.outputs, None, "empty tensors: evaluated with ATen"
         )
         return CompiledFusion(pipeline, [seg], {}, device, backend, ["empty tensors"])
-    segments = segment(final)
-    copied: set[tuple[int, int]] = set()
-    specs = build_specs(final, segments, inputs, name, copied, notes)
-    kernels = {}
-    for idx, spec in specs.items():
-        schedule = choose_schedule(spec, device, backend)
-        kernels[idx] = render_kernel(spec, schedule, backend)
+    segments, specs, schedules, copied, notes = _schedules(final, inputs, name, backend, device)
+    kernels = {idx: render_kernel(specs[idx], s, backend) for idx, s in schedules.items()}
     if copied:
         notes.append(
             "inputs " + ", ".join(f"t{i}" for i in sorted({v for _, v in copied})) + " are not 2D "
@@ -289,6 +285,36 @@ def plan(
     cf = CompiledFusion(pipeline, segments, kernels, device, backend, notes, copied=copied)
     cf.compile_seconds = time.perf_counter() - t0
     return cf
+
+
+def _schedules(final: Graph, inputs: list[Any], name: str, backend: str, device: Device) -> tuple:
+    """(segments, specs, schedules, copied inputs, notes) of `final`. A kernel with row and
+    column reductions whose row does not fit registers (InnerOuterSplit) is segmented
+    again without that merge: an inner kernel and column-reduction kernels, each of which
+    says why in its schedule's reasons."""
+    split: dict[int, str] = {}  # column reductions' value ids -> why they were split off
+    while True:
+        segments = segment(final, frozenset(split))
+        copied: set[tuple[int, int]] = set()
+        notes: list[str] = []
+        specs = build_specs(final, segments, inputs, name, copied, notes)
+        schedules, again = {}, False
+        for idx, spec in specs.items():
+            try:
+                schedules[idx] = choose_schedule(spec, device, backend)
+            except InnerOuterSplit as e:
+                group = {v.id for n in spec.nodes for v in n.outputs}
+                split.update({vid: str(e) for vid in group})
+                again = True
+        if not again:
+            break
+    for idx, spec in specs.items():
+        why = {split[v.id] for n in spec.nodes for v in n.outputs if v.id in split}
+        if why:
+            s = schedules[idx]
+            schedules[idx] = replace(s, reasons=(*s.reasons, *sorted(why)))
+            notes.append(f"{spec.name}: {min(why)}")
+    return segments, specs, schedules, copied, notes
 
 
 def render_kernel(spec: KernelSpec, schedule: Any, backend: str) -> Kernel:

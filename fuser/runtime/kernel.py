@@ -148,11 +148,9 @@ class Kernel:
         # a compiled kernel's launcher wants all three grid dimensions
         self._grid3 = (*self.schedule.grid, 1, 1)[:3]
         self._fin_grid3 = (*self.plan.finalize_grid, 1, 1)[:3]
-        self.workspace_dtypes = (
-            [accumulator_dtype(n.inputs[0].dtype) for n in self.spec.reductions]
-            if self.workspaces
-            else []
-        )
+        self.workspace_dtypes = [
+            accumulator_dtype(ws.reduction.inputs[0].dtype) for ws in self.plan.workspaces
+        ]
 
     def launch(self, tensors: list[torch.Tensor]) -> None:
         """Run on `tensors`, the spec's args in order (inputs, then the outputs it writes),

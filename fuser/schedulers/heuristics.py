@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from fuser.backends.base import Backend
 from fuser.backends.registry import get_backend
+from fuser.errors import ScheduleError
 from fuser.schedulers.common import (
     _estimate,
     _with,
@@ -347,11 +348,17 @@ def schedule_looped(
 def choose_schedule(spec: KernelSpec, dev: Device, backend: Backend | str = "triton") -> Schedule:
     """The heuristic's schedule for `spec` on `dev`, chosen with `backend`'s estimate."""
     backend = get_backend(backend)
+    _not_inner_outer(spec)
     if spec.layout.outer:
         return schedule_outer(spec, dev, backend=backend)
     if spec.layout.inner:
         return schedule_inner(spec, dev, backend)
     return schedule_pointwise(spec, dev, backend=backend)
+
+
+def _not_inner_outer(spec: KernelSpec) -> None:  # row and column reductions: choose.py
+    if spec.layout.inner_outer:
+        raise ScheduleError(f"{spec.name}: row and column reductions (schedulers/choose.py)")
 
 
 def candidate_schedules(
@@ -363,6 +370,7 @@ def candidate_schedules(
     the best beside it).
     """
     backend = get_backend(backend)
+    _not_inner_outer(spec)
     out: list[Schedule] = []
     if spec.layout.outer:
         out += outer_candidates(spec, dev, backend)

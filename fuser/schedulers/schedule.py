@@ -37,9 +37,14 @@ class Schedule:
     a looped kernel walks the row `unroll` chunks at a time; an outer reduction splits the
     rows over `split_rows` blocks per column tile and sums their partials in a second pass
     (the finalize launch), `finalize_cols` columns a block.
+    An inner-outer kernel (row and column reductions: LayerNorm backward) is persistent on
+    `programs` blocks that walk the rows `rows_per_block` at a time, keep each row in
+    registers as inner_persistent does, and accumulate per-column partials of the column
+    reductions; each block writes one partial row (`split_rows` = its blocks) and a
+    finalize launch adds them in a fixed order.
     """
 
-    kind: str  # pointwise | inner_persistent | inner_looped | outer_reduction
+    kind: str  # pointwise | inner_persistent | inner_looped | outer_reduction | inner_outer
     rows: int
     cols: int
     vector: int
@@ -53,8 +58,9 @@ class Schedule:
     # outer_reduction with split_rows > 1: columns per block of the finalize launch
     finalize_cols: int = 0
     index_bits: int = 32
-    # inner_persistent only: 0 = one program per row block; N = N resident programs,
-    # each walking row blocks N apart and loading the next row while it reduces this one
+    # inner_persistent: 0 = one program per row block; N = N resident programs, each
+    # walking row blocks N apart and loading the next row while it reduces this one.
+    # inner_outer: the blocks of the grid-stride row loop (no prefetch)
     programs: int = 0
     estimate: Estimate | None = None
     reasons: tuple[str, ...] = field(default=(), compare=False)
@@ -89,13 +95,13 @@ class Schedule:
 
     def short(self) -> str:
         s = f"{self.kind} v{self.vector} tpr{self.threads_per_row} rpb{self.rows_per_block}"
-        if self.kind == "inner_persistent":
+        if self.kind in ("inner_persistent", "inner_outer"):
             s += f" batch{self.persistent_batch}" + (f"+tail{self.tail}" if self.tail else "")
         if self.programs:
-            s += f" prefetch{self.programs}"
+            s += f" {'blocks' if self.kind == 'inner_outer' else 'prefetch'}{self.programs}"
         if self.unroll > 1:
             s += f" unroll{self.unroll}"
-        if self.split_rows > 1:
+        if self.split_rows > 1 and self.kind != "inner_outer":
             s += f" split{self.split_rows}"
             if self.finalize_cols:
                 s += f" fin{self.finalize_cols}"
@@ -112,7 +118,7 @@ class Schedule:
             raise ScheduleError(f"tail chunk {self.tail} is not a power of two")
         if self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise ScheduleError(f"num_warps {self.num_warps} is not 1, 2, 4, 8, 16 or 32")
-        if self.kind == "inner_persistent":
+        if self.kind in ("inner_persistent", "inner_outer"):
             covered = self.persistent_batch * self.chunk + self.tail
             if covered < self.cols:
                 raise ScheduleError(
@@ -125,7 +131,12 @@ class Schedule:
                 raise ScheduleError(
                     f"finalize_cols {f} is not a power of two times the vector {self.vector}"
                 )
-        if self.programs and (self.kind != "inner_persistent" or self.rows_per_block != 1):
+        if self.kind == "inner_outer":
+            if not self.programs or self.split_rows != self.grid[0]:
+                raise ScheduleError(
+                    f"inner_outer: {self.split_rows} partial rows for a grid of {self.grid}"
+                )
+        elif self.programs and (self.kind != "inner_persistent" or self.rows_per_block != 1):
             raise ScheduleError("a prefetching row loop needs inner_persistent, one row a block")
         return self
 

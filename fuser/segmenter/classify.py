@@ -10,8 +10,10 @@ others. Every value in the kernel is one of:
   SCALAR  one value                           (constants)
 
 Inner reductions take FULL to ROW (layernorm, softmax); outer reductions take FULL to
-COL (a bias gradient). A node set that does not map onto this space is rejected with a
-reason, and the segmenter splits it or leaves it to ATen.
+COL (a bias gradient). A kernel may have both (inner-outer: LayerNorm backward's dx with
+its dw and db): the column reductions may read values that need the row reductions, and
+their results feed only column ops or outputs. A node set that does not map onto this
+space is rejected with a reason, and the segmenter splits it or leaves it to ATen.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ class Layout:
     kinds: tuple[tuple[int, Kind], ...]
     inner: bool  # has FULL -> ROW reductions
     outer: bool  # has FULL -> COL reductions
+
+    @property
+    def inner_outer(self) -> bool:
+        """Row reductions and column reductions in one kernel (a persistent row loop that
+        accumulates per-column partials)."""
+        return self.inner and self.outer
 
     @property
     def rows(self) -> int:
@@ -186,12 +194,10 @@ def classify(nodes: list[Node]) -> Layout:
                 )
         else:
             raise Rejected(f"no scheduler takes `{node.describe()}` ({op.value})")
-    if inner and outer:
-        raise Rejected("mixes row reductions and column reductions")
     if views and (inner or outer):
         raise Rejected(f"`{views[0].describe()}`: views fuse into pointwise kernels only, so far")
     if outer:
-        _check_single_round(nodes, kinds)
+        _check_single_round(nodes, kinds, only_columns=inner)
     return Layout(domain, tuple(kinds.items()), inner, outer)
 
 
@@ -220,13 +226,18 @@ def _view_kinds(node: Node, domain: tuple[int, ...], produced: set[int], kinds: 
         kinds[v.id] = kind
 
 
-def _check_single_round(nodes: list[Node], kinds: dict[int, Kind]) -> None:
-    """A column reduction's result may feed only column-wise epilogue ops."""
+def _check_single_round(
+    nodes: list[Node], kinds: dict[int, Kind], only_columns: bool = False
+) -> None:
+    """A column reduction's result may feed only column-wise epilogue ops. With
+    `only_columns` (an inner-outer kernel) row reductions start no such round: values
+    after them stay row values."""
     after: set[int] = set()
     for node in nodes:
-        if node.op in REDUCE or any(v.id in after for v in node.inputs):
+        starts = node.op in REDUCE and (not only_columns or kinds.get(node.out.id) == Kind.COL)
+        if starts or any(v.id in after for v in node.inputs):
             for v in node.outputs:
-                if node.op not in REDUCE and kinds[v.id] in (Kind.FULL, Kind.ROW):
+                if kinds[v.id] in (Kind.FULL, Kind.ROW):
                     raise Rejected(
                         f"`{node.describe()}` uses a column reduction's result "
                         "across rows; that needs a second kernel"

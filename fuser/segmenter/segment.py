@@ -7,13 +7,14 @@ groups. Groups that no scheduler takes at all run as ATen ops, with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import networkx as nx
 
 from fuser.ir.graph import Graph, Node, Value
 from fuser.ir.ops import Op
-from fuser.segmenter.classify import Layout, Rejected, classify
+from fuser.segmenter.classify import Kind, Layout, Rejected, classify
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,14 @@ class Segment:
         return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in counts.items())
 
 
-def _try(nodes: list[Node]) -> Layout | None:
+def _try(nodes: list[Node], split: frozenset[int] = frozenset()) -> Layout | None:
     try:
-        return classify(nodes)
+        layout = classify(nodes)
     except Rejected:
         return None
+    if layout.inner_outer and any(v.id in split for n in nodes for v in n.outputs):
+        return None  # its row did not fit registers with the column accumulators
+    return layout
 
 
 def _boundary(graph: Graph, members: list[Node]) -> tuple[tuple[Value, ...], tuple[Value, ...]]:
@@ -59,8 +63,10 @@ def _boundary(graph: Graph, members: list[Node]) -> tuple[tuple[Value, ...], tup
     return tuple(inputs.values()), outputs
 
 
-def segment(graph: Graph) -> list[Segment]:
-    """Partition `graph` (concrete, decomposed) into segments in execution order."""
+def segment(graph: Graph, split: frozenset[int] = frozenset()) -> list[Segment]:
+    """Partition `graph` (concrete, decomposed) into segments in execution order. A group
+    holding a value of `split` (an inner-outer kernel's whose row did not fit) is not
+    merged into a kernel with both row and column reductions."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     consts = [n for n in graph.nodes if n.op == Op.CONST]
     work = [n for n in graph.nodes if n.op != Op.CONST]
@@ -92,13 +98,14 @@ def segment(graph: Graph) -> list[Segment]:
             if other_path:
                 continue
             merged = sorted(groups[a] + groups[b], key=order.__getitem__)
-            if _try(consts_for(merged, consts) + merged) is None:
+            if _try(consts_for(merged, consts) + merged, split) is None:
                 continue
             groups[a] = merged
             for n in groups.pop(b):
                 group_of[n] = a
             changed = True
             break
+    _merge_siblings(groups, group_of, consts, order, group_graph, split)
     gg = group_graph()
     segments = []
     for i, gid in enumerate(
@@ -112,6 +119,57 @@ def segment(graph: Graph) -> list[Segment]:
             layout, reason = None, str(e)
         segments.append(Segment(i, tuple(members), ins, outs, layout, reason))
     return segments
+
+
+def _merge_siblings(
+    groups: dict[int, list[Node]],
+    group_of: dict[Node, int],
+    consts: list[Node],
+    order: dict[Node, int],
+    group_graph: Callable[[], nx.DiGraph],
+    split: frozenset[int],
+) -> None:
+    """Merge a column-reduction kernel into a row-reduction kernel that reads the same
+    FULL input (db = sum over rows of dy beside dx's row kernel, with no edge between
+    them): one inner-outer kernel reads that input once instead of twice."""
+    changed = True
+    while changed:
+        changed = False
+        gg = group_graph()
+        layouts = {g: _try(consts_for(ns, consts) + ns, split) for g, ns in groups.items()}
+        for b, lb in layouts.items():
+            if lb is None or not lb.outer or lb.inner:
+                continue
+            reads_b = _full_inputs(groups[b], lb)
+            for a, la in layouts.items():
+                if a == b or la is None or not la.inner or la.domain != lb.domain:
+                    continue
+                if not reads_b & _full_inputs(groups[a], la):
+                    continue
+                if nx.has_path(gg, a, b) or nx.has_path(gg, b, a):
+                    continue
+                merged = sorted(groups[a] + groups[b], key=order.__getitem__)
+                if _try(consts_for(merged, consts) + merged, split) is None:
+                    continue
+                groups[a] = merged
+                for n in groups.pop(b):
+                    group_of[n] = a
+                changed = True
+                break
+            if changed:
+                break
+
+
+def _full_inputs(members: list[Node], layout: Layout) -> set[int]:
+    """Ids of the FULL values `members` read but do not compute."""
+    produced = {v.id for n in members for v in n.outputs}
+    kinds = dict(layout.kinds)
+    return {
+        v.id
+        for n in members
+        for v in n.inputs
+        if v.id not in produced and kinds.get(v.id) == Kind.FULL
+    }
 
 
 def consts_for(members: list[Node], consts: list[Node]) -> list[Node]:

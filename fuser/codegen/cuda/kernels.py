@@ -6,6 +6,7 @@ reduction) with the CudaKernelWriter and returns the source text.
 
 from __future__ import annotations
 
+from fuser.codegen.cuda.inner_outer import inner_outer
 from fuser.codegen.cuda.looped import inner_looped
 from fuser.codegen.cuda.outer import outer_reduction
 from fuser.codegen.cuda.persistent import inner_persistent
@@ -16,4 +17,5 @@ RENDERERS = {
     "inner_persistent": inner_persistent,
     "inner_looped": inner_looped,
     "outer_reduction": outer_reduction,
+    "inner_outer": inner_outer,
 }

@@ -82,6 +82,9 @@ class Nest:
     row_level: bool = False
     given: dict[int, str] = field(default_factory=dict)
     store_when: dict[Kind, str] = field(default_factory=dict)
+    # column reductions accumulated across rows into `cacc_<name>[slot][i]`, guarded by
+    # the region's row and column guards (an inner_outer kernel)
+    columns: list[Node] = field(default_factory=list)
 
 
 class CudaKernelWriter(CudaExpressions):
@@ -232,7 +235,8 @@ class CudaKernelWriter(CudaExpressions):
         out = []
         kept = [self.value(i) for i in sorted(nest.keep) if i in self.args]
         # a VIEW reads its input itself, element by element at mapped columns
-        used = (x for n in [*nest.nodes, *nest.reductions] if n.op != Op.VIEW for x in n.inputs)
+        reds = [*nest.nodes, *nest.reductions, *nest.columns]
+        used = (x for n in reds if n.op != Op.VIEW for x in n.inputs)
         for v in [*kept, *used]:
             a = self.args.get(v.id)
             if a is None or a.is_output or v.id in seen:
@@ -341,6 +345,11 @@ class CudaKernelWriter(CudaExpressions):
                 x, acc = n.inputs[0], nest.acc(n)
                 stmt = f"{acc} = {combine(n.op, acc, self.operand(x, acc_type(x.dtype)))};"
                 w.line(f"if ({guard}) {stmt}" if guard else stmt)
+            for n in nest.columns:
+                x, acc = n.inputs[0], f"cacc_{n.out.name}{slot}[i]"
+                stmt = f"{acc} = {combine(n.op, acc, self.operand(x, acc_type(x.dtype)))};"
+                both = " && ".join(g for g in (r.row_ok, self.element_ok(r)) if g)
+                w.line(f"if ({both}) {stmt}" if both else stmt)
             for a in vec_outs:
                 w.line(f"{a.name}_o[i] = {to_memory(self.ref(a.value), a.dtype)};")
         for a in vec_outs:
