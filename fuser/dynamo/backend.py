@@ -25,6 +25,8 @@ from fuser.dynamo.graph_text import graph_text
 from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_graph
 from fuser.dynamo.program import cudagraphs
 from fuser.dynamo.saved import partition_fn
+from fuser.runtime import timing
+from fuser.runtime.precompile import precompile
 
 aten = torch.ops.aten
 _TORCH_DIR = str(Path(torch.__file__).parent)
@@ -78,6 +80,8 @@ class Capture:
     # weak references to the tensors Dynamo passed in (a module's parameters and buffers
     # among them): which model a capture belongs to, however the backend was named
     inputs: tuple[weakref.ref, ...] = ()
+    # where its first step's time went (tracing, lowering, compiling, first calls)
+    timings: timing.Ledger = field(default_factory=timing.Ledger)
 
     def takes_any(self, ids: set[int]) -> bool:
         """Whether a live input of this capture is one of the tensors with these ids."""
@@ -209,7 +213,12 @@ class FuserBackend:
                         "lowered for each new input signature at run time",
                     )
                     return fn
-                fn, record = lower_graph(g, kind, name, self.strict, self.check)
+                with timing.collecting(capture.timings):
+                    with timing.phase("lowering"):
+                        fn, record = lower_graph(g, kind, name, self.strict, self.check)
+                    precompile(record.kernels, _device_type(inputs))
+                if record.program is not None:
+                    record.program.ledger = capture.timings
                 fn, record.cudagraphs = graphed(fn, g, inputs, kind)
                 capture.graphs.append(record)
                 _debug(capture, record)
@@ -225,10 +234,23 @@ class FuserBackend:
             "keep_inference_input_mutations": True,
         }
         kwargs["partition_fn"] = partition_fn(self.partition)
+        ledger = capture.timings
+        before = ledger.seconds.get("lowering", 0.0) + ledger.seconds.get("compiling", 0.0)
         t0 = time.perf_counter()
         compiled = aot_autograd(**kwargs)(gm, example_inputs)
-        debug_print(2, f"[fuser.dynamo] {capture.where}: traced in {time.perf_counter() - t0:.2f}s")
+        spent = time.perf_counter() - t0
+        ours = ledger.seconds.get("lowering", 0.0) + ledger.seconds.get("compiling", 0.0)
+        ledger.add("tracing", max(0.0, spent - (ours - before)))
+        debug_print(2, f"[fuser.dynamo] {capture.where}: traced in {spent:.2f}s")
         return compiled
+
+
+def _device_type(inputs: list[Any]) -> str:
+    """Where a graph's kernels will run: the device of its first tensor input that is
+    not a CPU scalar, else of its first tensor."""
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    big = [t for t in tensors if t.dim() > 0 or t.device.type != "cpu"]
+    return (big or tensors)[0].device.type if tensors else "cpu"
 
 
 def _debug(capture: Capture, record: GraphRecord) -> None:

@@ -17,6 +17,7 @@ from fuser.ir.evaluate import constant_ids, eval_node, evaluate
 from fuser.ir.graph import Graph, Value
 from fuser.passes import Pipeline, run_pipeline
 from fuser.plan.build import make_plan
+from fuser.runtime import timing
 from fuser.runtime.checks import poll
 from fuser.runtime.kernel import Kernel, device_problem
 from fuser.schedulers.device import Device, get_device
@@ -266,7 +267,8 @@ def plan(
     graph: Graph, inputs: list[Any], name: str, backend: str, device: Device, relaxed: bool = False
 ) -> CompiledFusion:
     t0 = time.perf_counter()
-    pipeline = run_pipeline(graph, relaxed)
+    with timing.phase("passes"):
+        pipeline = run_pipeline(graph, relaxed)
     final = pipeline.final
     notes = []
     if any(math.prod(_shape(v)) == 0 for v in final.values()):
@@ -274,13 +276,16 @@ def plan(
             0, final.nodes, final.inputs, final.outputs, None, "empty tensors: evaluated with ATen"
         )
         return CompiledFusion(pipeline, [seg], {}, device, backend, ["empty tensors"])
-    segments = segment(final)
-    copied: set[tuple[int, int]] = set()
-    specs = build_specs(final, segments, inputs, name, copied, notes)
+    with timing.phase("segmenting"):
+        segments = segment(final)
+        copied: set[tuple[int, int]] = set()
+        specs = build_specs(final, segments, inputs, name, copied, notes)
     kernels = {}
     for idx, spec in specs.items():
-        schedule = choose_schedule(spec, device, backend)
-        kernels[idx] = render_kernel(spec, schedule, backend)
+        with timing.phase("scheduling"):
+            schedule = choose_schedule(spec, device, backend)
+        with timing.phase("rendering"):
+            kernels[idx] = render_kernel(spec, schedule, backend)
     if copied:
         notes.append(
             "inputs " + ", ".join(f"t{i}" for i in sorted({v for _, v in copied})) + " are not 2D "
