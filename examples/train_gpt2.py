@@ -30,7 +30,8 @@ from fuser.examples.gpt2 import GPT, get_config
 
 # inductor-ro: Inductor with mode="reduce-overhead" (its CUDA-graph trees); fuser-cg: fuser
 # with options={"cudagraphs": True} (the same trees, fuser/dynamo/program/cudagraphs.py)
-BACKENDS = ("eager", "fuser", "fuser-cg", "inductor", "inductor-ro")
+# aot_eager: Dynamo and AOTAutograd alone (the first step's floor a backend adds to)
+BACKENDS = ("eager", "aot_eager", "fuser", "fuser-cg", "inductor", "inductor-ro")
 CUDAGRAPHS = ("inductor-ro", "fuser-cg")  # a step mark per step: torch's convention
 
 
@@ -87,10 +88,10 @@ def make_backend(name: str) -> CountingBackend | None:
         from fuser.dynamo import FuserBackend
 
         return CountingBackend(FuserBackend(cudagraphs=True))
-    if name == "inductor":
+    if name in ("inductor", "aot_eager"):
         from torch._dynamo.backends.registry import lookup_backend
 
-        return CountingBackend(lookup_backend("inductor"))
+        return CountingBackend(lookup_backend(name))
     if name == "inductor-ro":
         from torch._inductor.compile_fx import compile_fx
 
