@@ -13,7 +13,11 @@ GPU data; gpt2_fuser_check.txt).
 
 `--impls eager,inductor,fuser,fuser-old` adds fuser without its call programs (each graph
 run the old way: the FX graph interpreted, a module call per fused region), for an A/B of
-the call program in the same process.
+the call program in the same process. `fuser-cg` is fuser with options={"cudagraphs": True}
+(torch's cudagraph trees, as `inductor-ro` is Inductor's mode="reduce-overhead"):
+
+    PYTHONPATH=. python benchmarks/gpt2_bench.py --batch 4 \
+        --impls eager,inductor,inductor-ro,fuser,fuser-cg --out $OUT/gpt2_b4.jsonl
 """
 
 from __future__ import annotations
@@ -154,11 +158,11 @@ def _run_impl(impl: str, args: argparse.Namespace, batches: list, out_dir: Path)
         print(f"{impl} FAILED:\n{res.error}", flush=True)
         return res
     print(f"{summary(res)}  [{time.perf_counter() - t0:.0f} s]", flush=True)
-    if impl == "fuser":
+    if impl in ("fuser", "fuser-cg"):
         text = fuser.explain(model)
-        (out_dir / "gpt2_fuser_explain.txt").write_text(text + "\n")
+        (out_dir / f"gpt2_{impl}_explain.txt").write_text(text + "\n")
         brief = fuser.explain(model, brief=True)
-        (out_dir / "gpt2_fuser_explain_brief.txt").write_text(brief + "\n")
+        (out_dir / f"gpt2_{impl}_explain_brief.txt").write_text(brief + "\n")
     for steps, kind, run in (
         (args.host_profile_steps, "host", host_profile),
         (args.profile_steps, "profile", profile),
@@ -223,6 +227,10 @@ def parity(results: dict[str, RunResult]) -> dict[str, Any]:
     ro = results.get("inductor-ro")  # Inductor with mode="reduce-overhead"
     if ro and fus and not ro.error and not fus.error:
         out["fuser_speedup_vs_inductor_ro"] = ro.ms_per_step / fus.ms_per_step
+    cg = results.get("fuser-cg")  # fuser with CUDA graphs, against Inductor's
+    if ro and cg and not ro.error and not cg.error:
+        out["fuser_cg_speedup_vs_inductor_ro"] = ro.ms_per_step / cg.ms_per_step
+        out["fuser_cg_memory_vs_inductor_ro"] = cg.peak_mem_gib / ro.peak_mem_gib
     old = results.get("fuser-old")
     if old and fus and not old.error and not fus.error:  # the call program's own effect
         out["fuser_speedup_vs_fuser_old"] = old.ms_per_step / fus.ms_per_step

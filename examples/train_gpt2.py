@@ -28,8 +28,11 @@ import torch
 from fuser.examples.distributed import WRAPPERS, init, mean_over_ranks, rank_seed, wrap
 from fuser.examples.gpt2 import GPT, get_config
 
-# inductor-ro: Inductor with mode="reduce-overhead" (its CUDA-graph trees)
-BACKENDS = ("eager", "fuser", "inductor", "inductor-ro")
+# inductor-ro: Inductor with mode="reduce-overhead" (its CUDA-graph trees); fuser-cg: fuser
+# with options={"cudagraphs": True} (the same trees, fuser/dynamo/program/cudagraphs.py)
+# aot_eager: Dynamo and AOTAutograd alone (the first step's floor a backend adds to)
+BACKENDS = ("eager", "aot_eager", "fuser", "fuser-cg", "inductor", "inductor-ro")
+CUDAGRAPHS = ("inductor-ro", "fuser-cg")  # a step mark per step: torch's convention
 
 
 @dataclass
@@ -81,10 +84,14 @@ def make_backend(name: str) -> CountingBackend | None:
         from fuser.dynamo import FuserBackend
 
         return CountingBackend(FuserBackend())
-    if name == "inductor":
+    if name == "fuser-cg":
+        from fuser.dynamo import FuserBackend
+
+        return CountingBackend(FuserBackend(cudagraphs=True))
+    if name in ("inductor", "aot_eager"):
         from torch._dynamo.backends.registry import lookup_backend
 
-        return CountingBackend(lookup_backend("inductor"))
+        return CountingBackend(lookup_backend(name))
     if name == "inductor-ro":
         from torch._inductor.compile_fx import compile_fx
 
@@ -137,13 +144,11 @@ def run_training(
     )
     use_amp = cuda and amp == "bf16"
     if keep is not None:
-        keep.update(
-            model=step_model, opt=opt, amp=use_amp, cudagraph_steps=backend == "inductor-ro"
-        )
+        keep.update(model=step_model, opt=opt, amp=use_amp, cudagraph_steps=backend in CUDAGRAPHS)
     for i, (x, y) in enumerate(batches):
         _sync(device)
         t0 = time.perf_counter()
-        if backend == "inductor-ro":  # a new step: earlier graph outputs may be overwritten
+        if backend in CUDAGRAPHS:  # a new step: earlier graph outputs may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
             _, loss = step_model(x, y)
@@ -220,7 +225,7 @@ def main(argv: list[str] | None = None) -> RunResult:
     cfg = get_config(args.config, vocab_size=args.vocab)
     batch = args.batch or (16 if device.startswith("cuda") else 2)
     seq = args.seq or (cfg.block_size if device.startswith("cuda") else 8)
-    if args.backend == "fuser":
+    if args.backend.startswith("fuser"):
         import fuser  # noqa: F401  (registers the backend; the entry point would too)
     model = fresh_model(args.config, device, args.vocab, args.seed)
     lead = how is None or torch.distributed.get_rank() == 0
@@ -249,7 +254,7 @@ def main(argv: list[str] | None = None) -> RunResult:
     if not lead:
         return res
     print(summary(res))
-    if args.explain and args.backend == "fuser":
+    if args.explain and args.backend.startswith("fuser"):
         import fuser
 
         print(fuser.explain(model))

@@ -4,6 +4,8 @@ functionalizes them, and fuser lowers each resulting ATen graph.
     torch.compile(model, backend="fuser")              # registered on `import fuser` and
                                                        # through the entry point
     torch.compile(model, backend=FuserBackend(strict=True))   # options, own records
+    torch.compile(model, backend="fuser", options={"cudagraphs": True})  # CUDA graphs
+    torch.compile(model, backend="fuser", mode="reduce-overhead")        # the same
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from torch import fx
 from fuser.config import config, debug_print
 from fuser.dynamo.graph_text import graph_text
 from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_graph
+from fuser.dynamo.program import cudagraphs
 from fuser.dynamo.saved import partition_fn
+from fuser.runtime import timing
+from fuser.runtime.precompile import precompile
 
 aten = torch.ops.aten
 _TORCH_DIR = str(Path(torch.__file__).parent)
@@ -75,6 +80,8 @@ class Capture:
     # weak references to the tensors Dynamo passed in (a module's parameters and buffers
     # among them): which model a capture belongs to, however the backend was named
     inputs: tuple[weakref.ref, ...] = ()
+    # where its first step's time went (tracing, lowering, compiling, first calls)
+    timings: timing.Ledger = field(default_factory=timing.Ledger)
 
     def takes_any(self, ids: set[int]) -> bool:
         """Whether a live input of this capture is one of the tensors with these ids."""
@@ -120,17 +127,58 @@ class FuserBackend:
         for debugging a model).
     partition: "min_cut" (AOTAutograd recomputes cheap forward ops in the backward
         instead of saving them, as for Inductor) or "default" (save what eager saves).
+    cudagraphs: replay each compiled graph from CUDA graphs (torch's cudagraph trees;
+        fuser/dynamo/program/cudagraphs.py). torch.compile's `options` set any of these
+        by name, and mode="reduce-overhead" (or "max-autotune", as for Inductor) sets
+        cudagraphs.
     """
 
-    def __init__(self, strict: bool = False, check: bool = False, partition: str = "min_cut"):
+    def __init__(
+        self,
+        strict: bool = False,
+        check: bool = False,
+        partition: str = "min_cut",
+        cudagraphs: bool = False,
+    ):
         if partition not in ("min_cut", "default"):
             raise ValueError(f"partition={partition!r}; expected 'min_cut' or 'default'")
         self.strict = strict
         self.check = check
         self.partition = partition
+        self.cudagraphs = cudagraphs
         self.captures: list[Capture] = []
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+    def __call__(
+        self,
+        gm: fx.GraphModule,
+        example_inputs: list[Any],
+        mode: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> Any:
+        if mode is not None or options:
+            return self._with(mode, options)(gm, example_inputs)
+        return self._compile(gm, example_inputs)
+
+    def _with(self, mode: str | None, options: dict[str, Any] | None) -> FuserBackend:
+        """This backend with torch.compile's `mode` and `options` applied (its captures
+        are this one's: explain finds them either way)."""
+        settings = {k: getattr(self, k) for k in OPTIONS}
+        if mode not in (None, *MODES):
+            raise ValueError(f"fuser: mode={mode!r}; expected one of {MODES}")
+        if mode in ("reduce-overhead", "max-autotune"):
+            settings["cudagraphs"] = True
+        for key, value in (options or {}).items():
+            name = "cudagraphs" if key == "triton.cudagraphs" else key  # Inductor's name
+            if name not in OPTIONS:
+                raise ValueError(
+                    f"fuser: unknown option {key!r}; the options are {', '.join(OPTIONS)}"
+                )
+            settings[name] = value
+        other = FuserBackend(**settings)
+        other.captures = self.captures
+        return other
+
+    def _compile(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._dynamo.backends.common import aot_autograd
 
         cid, codes = _compile_context()
@@ -141,20 +189,37 @@ class FuserBackend:
         CAPTURES.append(capture)
         if capture.recompile:
             debug_print(1, f"[fuser.dynamo] recompiling {capture.where} (compile {cid})")
+        graphs = cudagraphs.GraphState()
+
+        def graphed(fn: Any, g: fx.GraphModule, inputs: list, kind: str) -> tuple[Any, str]:
+            if not self.cudagraphs:
+                return fn, ""
+            return cudagraphs.wrap(fn, g, inputs, kind, is_symbolic(g), graphs)
 
         def compiler(kind: str) -> Any:
             def compile_one(g: fx.GraphModule, inputs: list[Any]) -> Any:
                 name = f"g{cid.replace('/', '_')}_{_SHORT[kind]}"
                 if is_symbolic(g):
                     spec = Specializing(g, kind, name, self.strict, self.check)
-                    spec.on_record = lambda r: (capture.graphs.append(r), _debug(capture, r))
+                    fn, note = graphed(spec, g, inputs, kind)
+                    spec.on_record = lambda r: (
+                        setattr(r, "cudagraphs", note),
+                        capture.graphs.append(r),
+                        _debug(capture, r),
+                    )
                     debug_print(
                         1,
                         f"[fuser.dynamo] {kind} graph {name} has symbolic sizes: "
                         "lowered for each new input signature at run time",
                     )
-                    return spec
-                fn, record = lower_graph(g, kind, name, self.strict, self.check)
+                    return fn
+                with timing.collecting(capture.timings):
+                    with timing.phase("lowering"):
+                        fn, record = lower_graph(g, kind, name, self.strict, self.check)
+                    precompile(record.kernels, _device_type(inputs))
+                if record.program is not None:
+                    record.program.ledger = capture.timings
+                fn, record.cudagraphs = graphed(fn, g, inputs, kind)
                 capture.graphs.append(record)
                 _debug(capture, record)
                 return fn
@@ -169,10 +234,23 @@ class FuserBackend:
             "keep_inference_input_mutations": True,
         }
         kwargs["partition_fn"] = partition_fn(self.partition)
+        ledger = capture.timings
+        before = ledger.seconds.get("lowering", 0.0) + ledger.seconds.get("compiling", 0.0)
         t0 = time.perf_counter()
         compiled = aot_autograd(**kwargs)(gm, example_inputs)
-        debug_print(2, f"[fuser.dynamo] {capture.where}: traced in {time.perf_counter() - t0:.2f}s")
+        spent = time.perf_counter() - t0
+        ours = ledger.seconds.get("lowering", 0.0) + ledger.seconds.get("compiling", 0.0)
+        ledger.add("tracing", max(0.0, spent - (ours - before)))
+        debug_print(2, f"[fuser.dynamo] {capture.where}: traced in {spent:.2f}s")
         return compiled
+
+
+def _device_type(inputs: list[Any]) -> str:
+    """Where a graph's kernels will run: the device of its first tensor input that is
+    not a CPU scalar, else of its first tensor."""
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    big = [t for t in tensors if t.dim() > 0 or t.device.type != "cpu"]
+    return (big or tensors)[0].device.type if tensors else "cpu"
 
 
 def _debug(capture: Capture, record: GraphRecord) -> None:
@@ -188,12 +266,17 @@ def _debug(capture: Capture, record: GraphRecord) -> None:
     debug_print(2, graph_text(record, source=config.debug >= 4))
 
 
+# FuserBackend's settings that torch.compile's `options` may name, and the modes it takes
+OPTIONS = ("strict", "check", "partition", "cudagraphs")
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
 _DEFAULT = FuserBackend()
 
 
-def fuser_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-    """The backend registered as "fuser" (torch.compile(model, backend="fuser"))."""
-    return _DEFAULT(gm, example_inputs)
+def fuser_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+    """The backend registered as "fuser" (torch.compile(model, backend="fuser")); takes
+    torch.compile's `mode` and `options` (see FuserBackend)."""
+    return _DEFAULT(gm, example_inputs, **kwargs)
 
 
 def register() -> None:

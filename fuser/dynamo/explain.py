@@ -43,6 +43,7 @@ def captures_text(captures: list[Capture], source: bool = False, brief: bool = F
                 "all-reduce can start while the backward of the pieces before it runs)"
             )
         lines.append(f"\n== capture {c.compile_id}{tag} of {c.where}; inputs {shapes}{more}")
+        lines.append(c.timings.text())
         lines += [graph_text(g, source, brief) for g in c.graphs]
     return "\n".join(lines)
 

@@ -76,6 +76,8 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
     lines += [f"  matmul {note}" for note in record.matmuls_padded]
     lines += [region_text(r, source, brief) for r in record.regions]
     lines.append(fallbacks_text(record))
+    if record.cudagraphs:
+        lines.append(f"  CUDA graphs: {record.cudagraphs}")
     if record.program is not None:
         lines.append("  " + record.program.summary())
         if source and record.program.source:

@@ -61,6 +61,7 @@ class GraphRecord:
     views_moved: int = 0  # row views taken out from between fusible ops (views.py)
     matmuls_padded: list[str] = field(default_factory=list)  # pad_mm.py's notes
     error: str = ""  # set when lowering failed and the whole graph runs as ATen ops
+    cudagraphs: str = ""  # with CUDA graphs asked for: captured, or why not (cudagraphs.py)
     aten_graph: str = ""
     module: fx.GraphModule | None = field(default=None, repr=False)
     program: Any = field(default=None, repr=False)  # the CallProgram, when there is one

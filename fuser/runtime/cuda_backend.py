@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fuser.errors import CompileError, FuserError
-from fuser.runtime.cache import digest, load_entry, store_entry
+from fuser.runtime import timing
+from fuser.runtime.cache import digest, load_entry, store_entry, versions
 from fuser.runtime.cuda_emulator import emulate
+from fuser.runtime.timing import KernelTime
 
 # "auto" and "bindings" launch through a prepared cuda.bindings driver call (fast);
 # "core" through cuda.core's general launch (tests compare the two)
@@ -147,13 +149,20 @@ def _nvrtc(source: str, name: str, arch: str) -> bytes:
     return _nvrtc_bindings(source, name, arch)
 
 
+def cubin_key(source: str, arch: str) -> str:
+    """The cache key of a cubin: everything that changes the binary. The source, the
+    architecture (the device's capability), NVRTC's version (the CUDA version compiling),
+    the compiler path and its options (a cubin made with others, FMA contraction, is
+    stale) and the versions of fuser, torch and Triton (cache.versions; load_entry also
+    rejects an entry written under others)."""
+    core = sorted(_core_options(arch).items())
+    return digest(source, arch, nvrtc_version(), COMPILER, _options(arch), core, versions())
+
+
 def compile_cubin(source: str, name: str, arch: str) -> bytes:
     """The cubin of `source` for `arch` ("sm_90"), from memory, disk or NVRTC."""
     t0 = time.perf_counter()
-    # the compiler and its options are part of the key: a cubin made with others (FMA
-    # contraction) is stale
-    core = sorted(_core_options(arch).items())
-    key = digest(source, arch, nvrtc_version(), COMPILER, _options(arch), core)
+    key = cubin_key(source, arch)
     with _lock:
         cubin = _cubins.get(key)
     if cubin is not None:
@@ -175,8 +184,12 @@ def compile_cubin(source: str, name: str, arch: str) -> bytes:
         )
     with _lock:
         _cubins[key] = cubin
-    last_compile[name] = CompileStats(origin, time.perf_counter() - t0)
+    stats = last_compile[name] = CompileStats(origin, time.perf_counter() - t0)
+    timing.kernel(KernelTime(name, "cuda", _ORIGIN[origin], stats.seconds))
     return cubin
+
+
+_ORIGIN = {"nvrtc": "compiled", "disk": "disk", "memory": "memory"}
 
 
 def clear_memory_cache() -> None:

@@ -17,6 +17,7 @@ from fuser.ir.evaluate import constant_ids, eval_node, evaluate
 from fuser.ir.graph import Graph, Value
 from fuser.passes import Pipeline, run_pipeline
 from fuser.plan.build import make_plan
+from fuser.runtime import timing
 from fuser.runtime.checks import poll
 from fuser.runtime.kernel import Kernel, device_problem
 from fuser.schedulers.choose import choose_schedule
@@ -267,7 +268,8 @@ def plan(
     graph: Graph, inputs: list[Any], name: str, backend: str, device: Device, relaxed: bool = False
 ) -> CompiledFusion:
     t0 = time.perf_counter()
-    pipeline = run_pipeline(graph, relaxed)
+    with timing.phase("passes"):
+        pipeline = run_pipeline(graph, relaxed)
     final = pipeline.final
     notes = []
     if any(math.prod(_shape(v)) == 0 for v in final.values()):
@@ -276,7 +278,10 @@ def plan(
         )
         return CompiledFusion(pipeline, [seg], {}, device, backend, ["empty tensors"])
     segments, specs, schedules, copied, notes = _schedules(final, inputs, name, backend, device)
-    kernels = {idx: render_kernel(specs[idx], s, backend) for idx, s in schedules.items()}
+    kernels = {}
+    for idx, s in schedules.items():
+        with timing.phase("rendering"):
+            kernels[idx] = render_kernel(specs[idx], s, backend)
     if copied:
         notes.append(
             "inputs " + ", ".join(f"t{i}" for i in sorted({v for _, v in copied})) + " are not 2D "
@@ -294,14 +299,16 @@ def _schedules(final: Graph, inputs: list[Any], name: str, backend: str, device:
     says why in its schedule's reasons."""
     split: dict[int, str] = {}  # column reductions' value ids -> why they were split off
     while True:
-        segments = segment(final, frozenset(split))
-        copied: set[tuple[int, int]] = set()
-        notes: list[str] = []
-        specs = build_specs(final, segments, inputs, name, copied, notes)
+        with timing.phase("segmenting"):
+            segments = segment(final, frozenset(split))
+            copied: set[tuple[int, int]] = set()
+            notes: list[str] = []
+            specs = build_specs(final, segments, inputs, name, copied, notes)
         schedules, again = {}, False
         for idx, spec in specs.items():
             try:
-                schedules[idx] = choose_schedule(spec, device, backend)
+                with timing.phase("scheduling"):
+                    schedules[idx] = choose_schedule(spec, device, backend)
             except InnerOuterSplit as e:
                 group = {v.id for n in spec.nodes for v in n.outputs}
                 split.update({vid: str(e) for vid in group})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,8 +16,10 @@ from fuser.frontend.inputs import describe
 from fuser.ir.dtypes import DType, accumulator
 from fuser.plan.build import make_plan
 from fuser.plan.kernel_plan import KernelPlan
+from fuser.runtime import timing
 from fuser.runtime.checks import check_args, raise_claimed
-from fuser.runtime.triton_backend import TRITON_OPTIONS
+from fuser.runtime.timing import KernelTime
+from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import Arg, KernelSpec
 
@@ -218,6 +221,7 @@ class Kernel:
         # the JIT compiles and loads for the current device, and later calls use the
         # tensors' device's stream: make them the same device
         on_device = torch.cuda.device(tensors[0].device) if not interp else nullcontext()
+        t0 = time.perf_counter()
         with on_device:
             kernel = getattr(self._module, self.name)
             first = kernel[s.grid](*args, num_warps=s.num_warps, **TRITON_OPTIONS)
@@ -227,6 +231,9 @@ class Kernel:
                 fin = finalize[self._fin_grid3](
                     *args, num_warps=self.plan.finalize_threads // 32, **TRITON_OPTIONS
                 )
+        if not interp:  # the JIT compiled it here, unless precompile.py warmed it up
+            origin = "warmed up" if self.source in WARMED else "JIT (Triton's cache or compiled)"
+            timing.kernel(KernelTime(self.name, "triton", origin, time.perf_counter() - t0))
         if not interp and first is not None:
             self._compiled, self._finalize = first, fin
             self._fast = _direct_launches(first, self._grid3, fin, self._fin_grid3)

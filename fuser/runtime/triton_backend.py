@@ -35,6 +35,8 @@ _modules: dict[tuple[str, bool], Any] = {}
 # of triton.language in module globals: two threads launching at once read each other's
 # program ids (wrong results, or "x >= grid_dim[0]"). Interpreted launches take turns.
 _interpreter_lock = threading.RLock()
+# sources whose kernels precompile.py warmed up (their first launch finds them compiled)
+WARMED: set[str] = set()
 
 
 class _TakingTurns:

@@ -31,6 +31,7 @@ from fuser.dynamo.program.memory import MemoryPlan, plan_memory, storage_roots
 from fuser.dynamo.program.observe import watch_first_call
 from fuser.dynamo.program.step import Step
 from fuser.dynamo.program.steps import StepBuilder
+from fuser.runtime import timing
 
 # give a dead kernel output's memory to the next kernel output of its size (memory.py)
 REUSE = True
@@ -54,6 +55,7 @@ class CallProgram:
         self.backend = config.backend  # fd.execute's default backend the plans were made for
         # calls the program handed to the old path (another alignment, another backend)
         self.declined = 0
+        self.ledger: timing.Ledger | None = None  # the capture's first-step ledger
 
     def __call__(self, args: list) -> Any:
         if self.fn is not None and config.call_program:
@@ -65,8 +67,9 @@ class CallProgram:
             return self.fn(args)
         if self.fn is None and not self.note and config.call_program:
             self.backend = config.backend
-            result, seen = watch_first_call(self.gm, args)
-            self._build(seen)
+            with timing.collecting(self.ledger), timing.phase("first calls"):
+                result, seen = watch_first_call(self.gm, args)
+                self._build(seen)
             return result
         return self.old(args)
 

@@ -1,0 +1,168 @@
+"""Compile a graph's kernels in parallel, before its first call launches them one by one.
+
+torch.compile(backend="fuser") plans every fused region when it lowers a graph
+(fuser/dynamo/lower.py), so all of a graph's kernels are known before the first call;
+without this step each one is compiled at its first launch, serially. Here they are
+compiled by a pool of threads, and the first launches find them ready:
+
+- CUDA C++: NVRTC (cuda_backend.compile_cubin, which releases the GIL inside NVRTC) into
+  the in-memory and on-disk cubin caches the launcher reads.
+- Triton on a GPU: each kernel's JIT function is warmed up (`warmup`: compiled for the
+  argument types, pointers assumed 16-byte aligned as the plans assume, nothing
+  launched) under Triton's own AsyncCompileMode, which runs the compilations on the pool
+  and fills the JIT's cache when the block ends; Triton keeps the binaries in its own
+  disk cache (TRITON_CACHE_DIR). A first launch whose arguments specialize otherwise (an
+  unaligned pointer) compiles again, as it would have anyway.
+- Triton in the CPU interpreter: nothing to compile.
+
+A kernel that fails to compile here is left to its first launch, which raises the error
+where it always did. config.compile_workers (FUSER_COMPILE_WORKERS; 0 or 1: serial)
+sizes the pool.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fuser.config import config, debug_print
+from fuser.runtime import timing
+from fuser.runtime.timing import KernelTime
+
+# NVRTC and ptxas are the slow part and run outside the GIL; more threads than cores
+# only queue. 8: Inductor's compile pool is sized by cores too, capped for memory.
+MAX_WORKERS = 8
+
+
+def workers() -> int:
+    if config.compile_workers > 0:
+        return config.compile_workers
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
+def run_pool(jobs: list[Callable[[], Any]], n: int) -> list[Any]:
+    """Each job's result (or the exception it raised), in order; `n` threads (1: serial)."""
+
+    def safe(job: Callable[[], Any]) -> Any:
+        try:
+            return job()
+        except Exception as e:  # the first launch raises it where it always did
+            return e
+
+    if n <= 1 or len(jobs) <= 1:
+        return [safe(j) for j in jobs]
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="fuser-compile") as pool:
+        return list(pool.map(safe, jobs))
+
+
+def _unique(kernels: list[Any]) -> list[Any]:
+    seen, out = set(), []
+    for k in kernels:
+        key = (k.backend, k.source)
+        if key not in seen:
+            seen.add(key)
+            out.append(k)
+    return out
+
+
+def precompile(
+    kernels: list[Any], device_type: str, n: int | None = None, arch: str | None = None
+) -> list[Any]:
+    """Compile `kernels` (fuser Kernels, to run on `device_type`) in parallel; returns the
+    per-kernel results (a cubin, None for a warmed Triton kernel, or an exception).
+    `arch`: the CUDA architecture (default: the current device's)."""
+    kernels = _unique(kernels)
+    n = workers() if n is None else n
+    ledgers = timing.current()
+    jobs: list[Callable[[], Any]] = []
+    triton_gpu = []
+    for k in kernels:
+        if k.backend == "cuda" and device_type == "cuda":
+            jobs.append(_cuda_job(k, ledgers, arch))
+        elif k.backend == "triton" and device_type == "cuda":
+            triton_gpu.append(k)
+    if not jobs and not triton_gpu:
+        return []
+    t0 = time.perf_counter()
+    results = run_pool(jobs, n)
+    if triton_gpu:
+        results += _warm_triton(triton_gpu, n, ledgers)
+    for ledger in ledgers:
+        ledger.workers = max(ledger.workers, n)
+    timing.add("compiling", time.perf_counter() - t0, ledgers)
+    failed = [r for r in results if isinstance(r, Exception)]
+    if failed:
+        debug_print(1, f"[fuser] {len(failed)} kernel(s) left to compile at first launch")
+    return results
+
+
+def _cuda_job(k: Any, ledgers: list, arch: str | None) -> Callable[[], Any]:
+    from fuser.runtime.cuda_backend import compile_cubin, device_arch
+
+    if arch is None:
+        import torch
+
+        arch = device_arch(torch.cuda.current_device())
+
+    def job() -> bytes:
+        with timing.collecting_all(ledgers):
+            return compile_cubin(k.source, k.name, arch)
+
+    return job
+
+
+def warmup_args(k: Any) -> list[Any]:
+    """What the kernel's launch passes, as Triton's warmup takes it: a torch dtype per
+    pointer (tensors, workspaces, the index-check record and flag), then the row count."""
+    import torch
+
+    args: list[Any] = [a.dtype.torch for a in k.spec.args]
+    args += list(k.workspace_dtypes)
+    if k.spec.checks:
+        args += [torch.int64, torch.int64]
+    return [*args, k.spec.rows]
+
+
+def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
+    from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED, load_module
+
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # an older Triton: warm up serially
+        AsyncCompileMode = None  # noqa: N806
+    results: list[Any] = []
+    t0 = time.perf_counter()
+
+    def warm_all() -> None:
+        for k in kernels:
+            try:
+                module = load_module(k.source, False)
+                s, args = k.schedule, warmup_args(k)
+                fn = getattr(module, k.name)
+                fn.warmup(*args, grid=s.grid, num_warps=s.num_warps, **TRITON_OPTIONS)
+                if k.workspaces:
+                    fin = getattr(module, k.name + "_finalize")
+                    fin.warmup(
+                        *args,
+                        grid=k.plan.finalize_grid,
+                        num_warps=k.plan.finalize_threads // 32,
+                        **TRITON_OPTIONS,
+                    )
+                WARMED.add(k.source)
+                results.append(None)
+            except Exception as e:
+                results.append(e)
+
+    if AsyncCompileMode is not None and n > 1:
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="fuser-triton") as pool:
+            with AsyncCompileMode(pool, ignore_errors=True):
+                warm_all()
+    else:
+        warm_all()
+    each = (time.perf_counter() - t0) / max(1, len(kernels))
+    for k in kernels:  # Triton compiles them together: each is given an equal share
+        timing.kernel(KernelTime(k.name, "triton", "warmed up (pool)", each), ledgers)
+    return results
