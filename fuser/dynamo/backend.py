@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from fuser.config import config, debug_print
+from fuser.dynamo.ce_rewrite import one_pass_cross_entropy
 from fuser.dynamo.graph_text import graph_text
 from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_graph
 from fuser.dynamo.saved import partition_fn
@@ -75,6 +76,7 @@ class Capture:
     # weak references to the tensors Dynamo passed in (a module's parameters and buffers
     # among them): which model a capture belongs to, however the backend was named
     inputs: tuple[weakref.ref, ...] = ()
+    cross_entropy: int = 0  # F.cross_entropy calls made one-pass (ce_rewrite.py)
 
     def takes_any(self, ids: set[int]) -> bool:
         """Whether a live input of this capture is one of the tensors with these ids."""
@@ -170,6 +172,8 @@ class FuserBackend:
         }
         kwargs["partition_fn"] = partition_fn(self.partition)
         t0 = time.perf_counter()
+        if config.one_pass_cross_entropy:
+            capture.cross_entropy = one_pass_cross_entropy(gm)
         compiled = aot_autograd(**kwargs)(gm, example_inputs)
         debug_print(2, f"[fuser.dynamo] {capture.where}: traced in {time.perf_counter() - t0:.2f}s")
         return compiled
