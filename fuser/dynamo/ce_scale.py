@@ -17,6 +17,7 @@ instead of scaling twice.
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 try:  # Triton is what runs kernels here on a GPU; the CPU path does not need it
     import triton
@@ -49,6 +50,8 @@ if triton is not None:
 
 def scale_in_place(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
     """grad *= upstream (a 0-d tensor) in place; returns grad."""
+    if isinstance(grad, FakeTensor) or grad.device.type == "meta":
+        return grad  # shape propagation (pad_mm.py) runs the graph on fake tensors
     if grad.dim() != 2 or grad.stride(1) != 1 or grad.device.type != "cuda" or triton is None:
         if grad.device.type == "cuda":  # an unusual layout: scaled out of place, no sync
             grad.copy_((grad.float() * upstream.float()).to(grad.dtype))
