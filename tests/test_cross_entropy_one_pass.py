@@ -22,6 +22,7 @@ from fuser.dynamo import FuserBackend
 from fuser.errors import OutOfBoundsError
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # the gradient is rounded once to the logits' dtype; the loss sums rows in float32
 GRAD_TOL = {F32: 1e-5, F16: 2e-3, BF16: 1.6e-2}
 
@@ -38,7 +39,7 @@ def _data(rows: int, v: int, dtype: torch.dtype, ignored: list[int] = (), seed: 
     x = (torch.randn(rows, v, generator=g) * 2).to(dtype)
     t = torch.randint(0, v, (rows,), generator=g)
     t[list(ignored)] = -1
-    return x, t
+    return x.to(DEVICE), t.to(DEVICE)
 
 
 def _loss_fn(upcast: bool, reduction: str, smoothing: float, scale: float = 1.0):
