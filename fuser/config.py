@@ -13,6 +13,9 @@ FUSER_CALL_PROGRAM  0 runs torch.compile(backend="fuser") graphs the old way: th
               switches it at any call, for an A/B in one process
 FUSER_COMPILE_WORKERS  threads that compile a graph's kernels ahead of its first call
               (fuser/runtime/precompile.py; default 0: as many as cores, at most 8; 1: serial)
+FUSER_ONE_PASS_CE  0 leaves F.cross_entropy to AOTAutograd's log_softmax + nll_loss (default
+              1: when a backward will run, loss and gradient in one kernel,
+              fuser/dynamo/ce_op.py)
 FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
               (overflow, invalid value, divide by zero) from generated kernels: the test
               suite's check that a kernel computes no inf or NaN that eager does not (default
@@ -37,6 +40,7 @@ class Config:
     fp_warnings: bool
     call_program: bool
     compile_workers: int = 0
+    one_pass_cross_entropy: bool = True
 
 
 def _read() -> Config:
@@ -49,6 +53,7 @@ def _read() -> Config:
         fp_warnings=os.environ.get("FUSER_FP_WARNINGS", "0") not in ("", "0"),
         call_program=os.environ.get("FUSER_CALL_PROGRAM", "1") not in ("", "0"),
         compile_workers=int(os.environ.get("FUSER_COMPILE_WORKERS", "0") or 0),
+        one_pass_cross_entropy=os.environ.get("FUSER_ONE_PASS_CE", "1") not in ("", "0"),
     )
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fuser
+from fuser.config import config
 from fuser.dynamo import FuserBackend, pad_mm
 
 torch.set_default_dtype(torch.float32)
@@ -109,9 +110,13 @@ def test_a_padded_result_returned_keeps_eagers_strides() -> None:
     torch.testing.assert_close(y.view(-1), (x @ w).view(-1), atol=1e-5, rtol=1e-5)
 
 
-def test_logits_saved_for_the_backward_keep_their_padded_rows() -> None:
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_logits_saved_for_the_backward_keep_their_padded_rows(monkeypatch, one_pass) -> None:
     """GPT-2's lm head: the logits its cross-entropy saves for the backward are the padded
-    matmul's rows (no copy), while the logits returned to the caller are contiguous."""
+    matmul's rows (no copy), while the logits returned to the caller are contiguous. With
+    the one-pass cross-entropy (fuser/dynamo/ce_op.py) no logits are saved at all: its
+    bf16 gradient is, read from the padded rows by the forward kernel."""
+    monkeypatch.setattr(config, "one_pass_cross_entropy", one_pass)
     g = torch.Generator().manual_seed(5)
     x0, w0 = torch.randn(2, 10, 30, generator=g), torch.randn(45, 30, generator=g)
     target = torch.randint(0, 45, (20,), generator=g)
@@ -133,7 +138,11 @@ def test_logits_saved_for_the_backward_keep_their_padded_rows() -> None:
     assert any("N 45 -> 48" in n for n in _padded_notes(be))
     assert logits.is_contiguous()
     rows = [t for t in saved if t.dim() > 1 and t.shape[-1] == 45 and t.dtype == torch.bfloat16]
-    assert rows and rows[0].stride()[-2:] == (48, 1), [(t.shape, t.stride()) for t in saved]
+    if one_pass:
+        assert [tuple(t.shape) for t in rows] == [(20, 45)]  # the gradient
+        assert not [t for t in saved if t.shape[-1] == 45 and t.dtype == torch.float32]
+    else:
+        assert rows and rows[0].stride()[-2:] == (48, 1), [(t.shape, t.stride()) for t in saved]
     loss.backward()
     xr, wr = x0.clone().requires_grad_(), w0.clone().requires_grad_()
     want, want_logits = step(xr, wr)

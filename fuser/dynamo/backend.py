@@ -21,6 +21,7 @@ import torch
 from torch import fx
 
 from fuser.config import config, debug_print
+from fuser.dynamo.ce_rewrite import one_pass_cross_entropy
 from fuser.dynamo.graph_text import graph_text
 from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_graph
 from fuser.dynamo.program import cudagraphs
@@ -82,6 +83,7 @@ class Capture:
     inputs: tuple[weakref.ref, ...] = ()
     # where its first step's time went (tracing, lowering, compiling, first calls)
     timings: timing.Ledger = field(default_factory=timing.Ledger)
+    cross_entropy: int = 0  # F.cross_entropy calls made one-pass (ce_rewrite.py)
 
     def takes_any(self, ids: set[int]) -> bool:
         """Whether a live input of this capture is one of the tensors with these ids."""
@@ -237,6 +239,8 @@ class FuserBackend:
         ledger = capture.timings
         before = ledger.seconds.get("lowering", 0.0) + ledger.seconds.get("compiling", 0.0)
         t0 = time.perf_counter()
+        if config.one_pass_cross_entropy:
+            capture.cross_entropy = one_pass_cross_entropy(gm)
         compiled = aot_autograd(**kwargs)(gm, example_inputs)
         spent = time.perf_counter() - t0
         ours = ledger.seconds.get("lowering", 0.0) + ledger.seconds.get("compiling", 0.0)

@@ -1,4 +1,4 @@
-"""Lowerings of slice, cat and slice_backward: index maps along the last dim.
+"""Lowerings of slice, cat, slice_backward and zero padding: index maps along the last dim.
 
 A fused kernel reads through them (fuser/passes/views.py), so `rotate_half` (two slices,
 a neg and a cat) and its backward (slices and slice_backward pads) join the
@@ -12,9 +12,11 @@ from typing import Any
 import torch
 from torch import fx
 
+import fuser.dynamo.ce_op  # noqa: F401  (defines fuser::cross_entropy)
 from fuser.dynamo.context import LowerCtx, NotLowerable, arg, out_meta, register, static_shape
 
 aten = torch.ops.aten
+_CROSS_ENTROPY = torch.ops.fuser.cross_entropy.default
 
 
 def _last_dim(node: fx.Node, dim: int, rank: int, what: str) -> int:
@@ -46,6 +48,10 @@ def _slice(ctx: LowerCtx, node: fx.Node) -> Any:
     step = int(arg(node, 4, "step", 1))
     if (start, end, step) == (0, shape[d], 1):
         return ctx.finish(node, [x])
+    if node.users and all(u.target is _CROSS_ENTROPY for u in node.users):
+        # pad_mm.py's logits: a strided view read by the row kernel as it is, with wide
+        # aligned accesses; as an index map in the kernel it would split the kernel
+        raise NotLowerable("a view of padded logits: the cross-entropy kernel reads it strided")
     return ctx.finish(node, [ctx.ops.slice(x, d, start, end, step)])
 
 
@@ -60,6 +66,20 @@ def _slice_backward(ctx: LowerCtx, node: fx.Node) -> Any:
     if end - start != int(g.shape[d]):
         raise NotLowerable(f"slice_backward: {end - start} columns, the gradient has {g.shape[d]}")
     return ctx.finish(node, [ctx.ops.pad(g, d, start, sizes[d] - end)])
+
+
+@register(aten.constant_pad_nd.default)
+def _constant_pad(ctx: LowerCtx, node: fx.Node) -> Any:
+    """Zeros added along the last dim only (pad_mm.py's padded lm-head gradient: the pad
+    joins the kernel that makes the gradient instead of copying it again)."""
+    x = ctx.tensor(node.args[0])
+    pads = [int(p) for p in node.args[1]]
+    value = arg(node, 2, "value", 0)
+    if value not in (0, 0.0) or x.ndim == 0:
+        raise NotLowerable(f"constant_pad_nd with value {value!r} (fuser pads with zeros)")
+    if len(pads) % 2 or any(pads[2:]) or min(pads) < 0:
+        raise NotLowerable("constant_pad_nd of a dim other than the last, or a negative pad")
+    return ctx.finish(node, [ctx.ops.pad(x, x.ndim - 1, pads[0], pads[1])])
 
 
 @register(aten.cat.default)

@@ -20,6 +20,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fuser.config import config, debug_print
+from fuser.dynamo.ce_rewrite import scale_saved_gradient_in_place
 from fuser.dynamo.context import NotLowerable
 from fuser.dynamo.pad_mm import pad_matmuls
 from fuser.dynamo.partition import form_regions
@@ -309,6 +310,7 @@ def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
     """The first stage: a copy of gm (gm stays the ATen fallback) with its unaligned
     matmuls padded and its row views moved out from between fusible ops."""
     work = copy_module(gm)
+    scale_saved_gradient_in_place(work)
     if config.pad_matmuls:
         record.matmuls_padded = pad_matmuls(work)
     record.views_moved = sink_row_views(work.graph)

@@ -156,11 +156,28 @@ def _keep_output_strides(graph: fx.Graph, sliced: list[fx.Node]) -> None:
     descs = output.meta.get("desc") or []
     saved = {i for i, d in enumerate(descs) if type(d).__name__ == "SavedForBackwardsAOTOutput"}
 
+    copies: dict[fx.Node, fx.Node] = {}
+
+    def own_views(x: fx.Node) -> fx.Node:
+        """x's views replayed from the padded result for the copy alone: sharing them,
+        the copy would join the fused region that reads the logits (the cross-entropy)
+        and split that kernel's work in two (fuser/segmenter)."""
+        if x not in copies:
+            if x in sliced or not isinstance(x.args[0], fx.Node) or x.args[0] not in reach:
+                src = x.args[0]
+            else:
+                src = own_views(x.args[0])
+            with graph.inserting_before(output):
+                copies[x] = graph.node_copy(x, lambda n: src if n is x.args[0] else n)
+        return copies[x]
+
     def contiguous(i: int, arg: Any) -> Any:
         if isinstance(arg, fx.Node) and arg in reach and i not in saved:
             with graph.inserting_before(output):
                 return graph.call_function(
-                    aten.clone.default, (arg,), {"memory_format": torch.contiguous_format}
+                    aten.clone.default,
+                    (own_views(arg),),
+                    {"memory_format": torch.contiguous_format},
                 )
         return arg
 
@@ -223,6 +240,9 @@ def pad_matmuls(gm: fx.GraphModule) -> list[str]:
         return []
     trial = copy_module(gm)
     notes = _rewrite(trial.graph)
+    # the views that fed the old matmuls (grad.t() of the lm head's weight gradient) are
+    # dead now; left in, they would make a fused region keep the unpadded tensor too
+    trial.graph.eliminate_dead_code()
     trial.recompile()
     try:
         FakeTensorProp(trial, mode).propagate_dont_convert_inputs(*inputs)

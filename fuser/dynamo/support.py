@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import fx
 
-import fuser.dynamo.composites  # noqa: F401  (registers the lowerings)
+import fuser.dynamo.ce_lower  # noqa: F401  (registers the lowerings)
+import fuser.dynamo.composites  # noqa: F401
 import fuser.dynamo.layout  # noqa: F401
 import fuser.dynamo.pointwise  # noqa: F401
 import fuser.dynamo.reductions  # noqa: F401

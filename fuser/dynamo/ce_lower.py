@@ -1,0 +1,103 @@
+"""Lowerings of fuser::cross_entropy and fuser::cross_entropy_grad (ce_op.py).
+
+The forward is one pass over each row of logits: the online max and sum of exp (fuser's
+looped kernels pair them, fuser/schedulers/online.py), the loss of the row, and, in the
+output pass, the gradient for an upstream gradient of 1 in the logits' dtype:
+
+    grad = (softmax(x) - ((1 - eps) * onehot(t) + eps / V)) * scale(row)
+
+with scale = 1/count for a mean (count: the targets that are not ignore_index, a sum over
+all rows made by a small kernel before the row kernel and read there as a 0-d value, so
+nothing waits on the host), 1 for a sum or 'none', and 0 on ignored rows. The logits are
+upcast inside the kernel (never materialized in float32). The targets are checked as
+nll_loss checks them (check_index): one out of range raises OutOfBoundsError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+import fuser.dynamo.ce_op  # noqa: F401  (defines the ops registered here)
+from fuser.dynamo.context import LowerCtx, NotLowerable, meta_of, register
+from fuser.frontend.builder import Tensor
+
+_OPS = torch.ops.fuser
+
+
+def _rows(ctx: LowerCtx, t: Tensor, shape: list[int]) -> Tensor:
+    return ctx.broadcast(t, shape, [0])
+
+
+def _target(ctx: LowerCtx, node: fx.Node, bound: int, ignore: int) -> Tensor:
+    t = ctx.tensor(node)
+    if t.dtype not in (torch.int32, torch.int64):
+        raise NotLowerable(f"cross_entropy target of dtype {t.dtype}")
+    return ctx.ops.check_index(t, bound=bound, ignore=ignore, what="target")
+
+
+@register(_OPS.cross_entropy.default)
+def _cross_entropy(ctx: LowerCtx, node: fx.Node) -> Any:
+    logits, target, reduction, ignore, smoothing, _upcast = node.args
+    x = ctx.tensor(logits)
+    if not x.dtype.is_floating_point or x.ndim != 2:
+        raise NotLowerable(f"cross_entropy of {x.dtype} logits of rank {x.ndim}")
+    ops = ctx.ops
+    xf = ctx.up(x)
+    shape = [int(s) for s in xf.shape]
+    v = shape[1]
+    raw = ctx.tensor(target)
+    # which targets count: from the unchecked targets, so that the count's kernel (a sum
+    # over [N]) takes nothing of the [N, V] work with it
+    valid = ops.ne(raw, ctx.scalar(ignore, raw.dtype))
+    validf = ops.cast(valid, xf.dtype)
+    count = ops.sum(validf, dims=[0]) if reduction == 1 else None
+    t = _target(ctx, target, v, ignore)
+    # the row's max and sum of exp: one online pass; lse = log(sum) + max
+    m = ops.max(xf, dims=[1])
+    e = ops.exp(ops.sub(xf, _rows(ctx, m, shape)))
+    s = ops.sum(e, dims=[1])
+    lse = ops.add(ops.log(s), m)
+    hit = ops.eq(ops.iota(shape, dim=1, dtype=t.dtype), _rows(ctx, t, shape))
+    picked = ops.sum(ops.where(hit, xf, 0.0), dims=[1])
+    row = ops.sub(lse, picked)
+    target_dist = ops.cast(hit, xf.dtype)
+    if smoothing:
+        # eager: (1 - eps) * nll + eps / V * sum_j -log p_j, with -sum log p = V*lse - sum x
+        smooth = ops.sub(ops.mul(lse, float(v)), ops.sum(xf, dims=[1]))
+        row = ops.add(ops.mul(row, 1.0 - smoothing), ops.mul(smooth, smoothing / v))
+        target_dist = ops.add(ops.mul(target_dist, 1.0 - smoothing), smoothing / v)
+    row = ops.where(valid, row, 0.0)
+    prob = ops.div(e, _rows(ctx, s, shape))
+    grad = ops.sub(prob, target_dist)
+    if reduction == 1:  # mean over the valid targets: 0/0 = nan when there are none
+        loss = ops.div(ops.sum(row, dims=[0]), count)
+        grad = ops.div(grad, ctx.broadcast(count, shape, []))
+    elif reduction == 2:
+        loss = ops.sum(row, dims=[0])
+    elif reduction == 0:
+        loss = row
+    else:
+        raise NotLowerable(f"cross_entropy reduction {reduction}")
+    grad = ops.where(_rows(ctx, valid, shape), grad, 0.0)
+    return ctx.finish(node, [loss, grad])
+
+
+@register(_OPS.cross_entropy_grad.default)
+def _cross_entropy_grad(ctx: LowerCtx, node: fx.Node) -> Any:
+    grad, upstream = node.args
+    g = ctx.tensor(grad)
+    u = ctx.up(ctx.tensor(upstream))
+    shape = [int(s) for s in g.shape]
+    if u.ndim == 1:
+        u = _rows(ctx, u, shape)
+    elif u.ndim == 0:
+        u = ctx.broadcast(u, shape, [])
+    else:
+        raise NotLowerable(f"an upstream gradient of rank {u.ndim}")
+    out = ctx.ops.mul(ctx.up(g), u)
+    if meta_of(node).dtype != g.dtype:
+        raise NotLowerable("cross_entropy_grad changes the dtype")
+    return ctx.finish(node, [out])

@@ -1,0 +1,191 @@
+"""One-pass cross-entropy under torch.compile (fuser/dynamo/ce_op.py, ce_rewrite.py,
+ce_lower.py, ce_scale.py): F.cross_entropy becomes fuser::cross_entropy before
+AOTAutograd, whose forward kernel writes the loss and the gradient and whose backward
+scales the saved gradient in place.
+
+Loss and gradient against eager in float32 (the reference: the logits upcast, eager's
+own ops) for bf16/fp16/fp32 logits, with and without .float(), every reduction,
+ignore_index (a block of ignored rows, every row ignored), label smoothing, odd V, one
+row, [B, T, V] logits flattened by view, a strided (sliced) view, an upstream gradient
+that is not 1, on both backends; a target out of range raises; the compiled graphs hold
+no float32 copy of the logits and the backward reads no logits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fuser
+from fuser.dynamo import FuserBackend
+from fuser.errors import OutOfBoundsError
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the gradient is rounded once to the logits' dtype; the loss sums rows in float32
+GRAD_TOL = {F32: 1e-5, F16: 2e-3, BF16: 1.6e-2}
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _data(rows: int, v: int, dtype: torch.dtype, ignored: list[int] = (), seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, v, generator=g) * 2).to(dtype)
+    t = torch.randint(0, v, (rows,), generator=g)
+    t[list(ignored)] = -1
+    return x.to(DEVICE), t.to(DEVICE)
+
+
+def _loss_fn(upcast: bool, reduction: str, smoothing: float, scale: float = 1.0):
+    def f(x, t):
+        y = x.float() if upcast else x
+        y = y.view(-1, y.shape[-1])
+        loss = F.cross_entropy(
+            y, t.view(-1), reduction=reduction, ignore_index=-1, label_smoothing=smoothing
+        )
+        return loss * scale if scale != 1.0 else loss
+
+    return f
+
+
+def _reference(x, t, reduction, smoothing, scale, upstream):
+    xr = x.detach().float().requires_grad_(True)
+    loss = F.cross_entropy(
+        xr.view(-1, x.shape[-1]), t.view(-1), reduction=reduction, ignore_index=-1,
+        label_smoothing=smoothing,
+    ) * scale  # fmt: skip
+    (loss * upstream).sum().backward()
+    return loss.detach(), xr.grad
+
+
+def _compiled(f, x, t, upstream, backend=None):
+    xc = x.detach().clone().requires_grad_(True)
+    g = torch.compile(f, backend=backend or "fuser")
+    loss = g(xc, t)
+    (loss * upstream).sum().backward()
+    return g, loss.detach(), xc.grad
+
+
+def _check(x, t, *, upcast=True, reduction="mean", smoothing=0.0, scale=1.0, upstream=1.0):
+    f = _loss_fn(upcast, reduction, smoothing, scale)
+    want_loss, want_grad = _reference(x, t, reduction, smoothing, scale, upstream)
+    b = FuserBackend(strict=True)
+    _, loss, grad = _compiled(f, x, t, upstream, b)
+    assert sum(c.cross_entropy for c in b.captures) == 1, "the call was not made one-pass"
+    assert grad.dtype == x.dtype and grad.shape == x.shape
+    assert loss.dtype == (F32 if upcast else x.dtype)
+    ltol = 1e-5 if loss.dtype == F32 else GRAD_TOL[loss.dtype] * 4
+    torch.testing.assert_close(loss.float(), want_loss, atol=ltol, rtol=ltol, equal_nan=True)
+    tol = GRAD_TOL[x.dtype]
+    torch.testing.assert_close(grad.float(), want_grad, atol=tol * 1e-1, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+@pytest.mark.parametrize("upcast", [True, False])
+def test_dtypes_mean(backend: str, dtype: torch.dtype, upcast: bool) -> None:
+    x, t = _data(5, 1001, dtype, ignored=[2])
+    _check(x, t, upcast=upcast)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_reductions_with_smoothing_and_ignored_block(backend: str, reduction: str) -> None:
+    x, t = _data(9, 333, BF16, ignored=[3, 4, 5, 6])
+    _check(x, t, reduction=reduction, smoothing=0.1)
+
+
+@pytest.mark.nonfinite  # 0 valid targets: eager's mean is 0/0 = nan
+def test_every_target_ignored(backend: str) -> None:
+    x, t = _data(4, 257, BF16, ignored=[0, 1, 2, 3])
+    _check(x, t, smoothing=0.2)
+
+
+def test_one_row_and_odd_vocabulary(backend: str) -> None:
+    x, t = _data(1, 997, F16)
+    _check(x, t)
+
+
+def test_batch_time_vocabulary_view(backend: str) -> None:
+    """[B, T, V] logits and [B, T] targets flattened by view, as nanoGPT writes it."""
+    x, t = _data(6, 211, BF16)
+    _check(x.view(2, 3, 211), t.view(2, 3))
+
+
+def test_strided_rows(backend: str) -> None:
+    """Logits that are a column slice of a wider tensor (pad_mm.py's padded lm head)."""
+    wide, t = _data(5, 520, BF16)
+    x = wide[:, :513]
+    f = _loss_fn(True, "mean", 0.0)
+
+    def sliced(w, t):
+        return f(w[:, :513], t)
+
+    want_loss, want_grad = _reference(x, t, "mean", 0.0, 1.0, 1.0)
+    wc = wide.clone().requires_grad_(True)
+    loss = torch.compile(sliced, backend=FuserBackend(strict=True))(wc, t)
+    loss.backward()
+    torch.testing.assert_close(loss, want_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wc.grad[:, :513].float(), want_grad, atol=2e-3, rtol=1.6e-2)
+    assert not wc.grad[:, 513:].any()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_upstream_gradient_not_one(backend: str, reduction: str) -> None:
+    """A loss scaled inside the graph and an upstream gradient from outside it (loss
+    scaling, gradient accumulation): the in-place scaling is taken, not skipped."""
+    x, t = _data(6, 300, BF16, ignored=[1])
+    _check(x, t, reduction=reduction, scale=0.25, upstream=3.0)
+
+
+def test_target_out_of_range_raises(backend: str) -> None:
+    x, t = _data(3, 100, BF16)
+    t[1] = 100
+    with pytest.raises(OutOfBoundsError, match="target"):
+        _compiled(_loss_fn(True, "mean", 0.0), x, t, 1.0, FuserBackend(strict=True))
+
+
+def test_graphs_hold_no_upcast_copy_and_backward_reads_no_logits() -> None:
+    x, t = _data(4, 500, BF16)
+    b = FuserBackend(strict=True)
+    _compiled(_loss_fn(True, "mean", 0.0), x, t, 1.0, b)
+    fw, bw = b.captures[0].graphs
+    assert "_to_copy" not in fw.aten_graph and "_log_softmax" not in fw.aten_graph
+    assert "fuser.cross_entropy" in fw.aten_graph
+    (region,) = fw.fused
+    k = [k for k in region.kernels if "max" in k.source]
+    assert len(k) == 1  # the row kernel: max, sum, loss and gradient
+    # the backward's only op scales the saved gradient in place: no kernel, no logits
+    assert bw.kernels == [] and "scale_in_place" in (bw.program.source or "scale_in_place")
+    calls = [n for n in bw.module.graph.nodes if n.op == "call_function"]
+    assert [n.target.__name__ for n in calls][0] == "scale_in_place"
+    assert all("view" in str(n.target) for n in calls[1:]), calls
+    # its inputs: the saved gradient and the upstream gradient, no logits
+    assert len([n for n in bw.module.graph.nodes if n.op == "placeholder"]) == 2
+    text = str(fuser.explain(b))
+    assert "scale_in_place" in text
+
+
+def test_no_grad_keeps_the_old_path() -> None:
+    """Without a backward there is no gradient to write: the call stays F.cross_entropy."""
+    x, t = _data(4, 100, F32)
+    b = FuserBackend(strict=True)
+    with torch.no_grad():
+        loss = torch.compile(_loss_fn(True, "mean", 0.0), backend=b)(x, t)
+    torch.testing.assert_close(loss, F.cross_entropy(x, t), atol=1e-5, rtol=1e-5)
+    assert b.captures[0].cross_entropy == 0
+
+
+def test_eager_op_matches_torch() -> None:
+    """The op's ATen implementation (the fallback, and what runs without a compile)."""
+    x, t = _data(7, 50, BF16, ignored=[0, 6])
+    xr = x.float().requires_grad_(True)
+    want = F.cross_entropy(xr, t, ignore_index=-1, label_smoothing=0.3)
+    want.backward()
+    loss, grad = torch.ops.fuser.cross_entropy(x, t, 1, -1, 0.3, True)
+    torch.testing.assert_close(loss, want.detach())
+    torch.testing.assert_close(grad.float(), xr.grad, atol=1e-3, rtol=1.6e-2)
