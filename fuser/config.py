@@ -11,6 +11,10 @@ FUSER_CALL_PROGRAM  0 runs torch.compile(backend="fuser") graphs the old way: th
               interpreted node by node, a module call per fused region (default 1: a
               generated call program per graph, fuser/dynamo/program/); config.call_program
               switches it at any call, for an A/B in one process
+FUSER_ATTENTION  which runs torch.compile(backend="fuser") graphs' attentions: "sdpa" (default:
+              ATen's SDPA kernels), "template" (fuser's Triton flash attention wherever it
+              applies), "auto" (the template where a measurement on this GPU, made on first
+              use and cached on disk, says it is faster); fuser/schedulers/attention.py
 FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
               (overflow, invalid value, divide by zero) from generated kernels: the test
               suite's check that a kernel computes no inf or NaN that eager does not (default
@@ -34,6 +38,7 @@ class Config:
     pad_matmuls: bool
     fp_warnings: bool
     call_program: bool
+    attention: str = "sdpa"
 
 
 def _read() -> Config:
@@ -45,6 +50,7 @@ def _read() -> Config:
         pad_matmuls=os.environ.get("FUSER_PAD_MATMULS", "1") not in ("", "0"),
         fp_warnings=os.environ.get("FUSER_FP_WARNINGS", "0") not in ("", "0"),
         call_program=os.environ.get("FUSER_CALL_PROGRAM", "1") not in ("", "0"),
+        attention=os.environ.get("FUSER_ATTENTION", "sdpa") or "sdpa",
     )
 
 

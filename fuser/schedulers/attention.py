@@ -200,12 +200,13 @@ def _gpu_tiles(shape: AttentionShape, d: int, reasons: list[str]) -> tuple[Tiles
             "256 threads = 64 regs/thread), 3 stages (96 KB of K/V in flight)"
         )
     fw = Tiles(max(fw.block_m, fw.block_n), fw.block_n, fw.num_warps, fw.num_stages)
-    # Backward. dK/dV keeps two fp32 accumulators [BLOCK_N, d] per program, so its key
-    # tile is what registers allow: 128 keys at d=64 (128 regs/thread over 4 warps), 64 at
-    # d=128 with 8 warps; it walks queries 32 (d=64) or 64 at a time, the tutorial's
-    # narrow-M/wide-N split. dQ is its mirror: wide query tile, narrow key steps.
+    # Backward. dK/dV keeps two fp32 accumulators [BLOCK_N, d] per program besides its K
+    # and V tiles, so it takes 8 warps: at d=64 a 128-key tile then needs 134 registers
+    # (ptxas, sm_90; 255 with 4 warps, spilling), at d=128 a 64-key tile 233. It walks
+    # queries 32 (d=64) or 64 at a time, the tutorial's narrow-M/wide-N split. dQ is its
+    # mirror: a wide query tile, narrow key steps (180 / 141 registers, no spills).
     if d <= 64:
-        dkdv = Tiles(_fit(32, shape.t_q), _fit(128, shape.t_k), 4, 3)
+        dkdv = Tiles(_fit(32, shape.t_q), _fit(128, shape.t_k), 8, 3)
         dq = Tiles(_fit(128, shape.t_q), _fit(32, shape.t_k), 4, 3)
     else:
         dkdv = Tiles(_fit(64, shape.t_q), _fit(64, shape.t_k), 8, 2)
@@ -230,3 +231,67 @@ def _check(shape: AttentionShape, d: int, *tiles: Tiles) -> None:
     bytes_ = 2 if shape.dtype != "fp32" else 4
     smem = (fw.block_m + 2 * fw.block_n * fw.num_stages) * d * bytes_
     assert smem <= SMEM_BUDGET, f"forward tiles need {smem} bytes of shared memory"
+
+
+MODES = ("sdpa", "template", "auto")
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """Template or SDPA for one attention, and why (explain prints `line`)."""
+
+    template: bool
+    reasons: tuple[str, ...]
+    plan: AttentionPlan | None = None
+
+    def line(self) -> str:
+        who = f"template {self.plan.name}" if self.template and self.plan else "SDPA"
+        return f"{who}: " + "; ".join(self.reasons)
+
+
+def choose(
+    shape: AttentionShape,
+    why_not: str | None,
+    mode: str,
+    measured: dict | None = None,
+) -> AttentionChoice:
+    """The template or SDPA. `why_not`: what `unsupported` said; `mode`: FUSER_ATTENTION;
+    `measured`: the cached timing of both on this GPU (auto mode), ms forward + backward.
+
+    SDPA is the default: its flash and cuDNN kernels are hand-tuned, the template's speed
+    against them is not yet measured (benchmarks/attention_bench.py measures it)."""
+    if mode not in MODES:
+        return AttentionChoice(False, (f"FUSER_ATTENTION={mode!r} is not one of {MODES}",))
+    if why_not is not None:
+        return AttentionChoice(False, (f"the template does not take this attention: {why_not}",))
+    if mode == "sdpa":
+        return AttentionChoice(
+            False,
+            (
+                "FUSER_ATTENTION=sdpa (the default): the template is not measured faster than "
+                "SDPA's flash/cuDNN kernels; FUSER_ATTENTION=auto measures it on first use, "
+                "=template forces it",
+            ),
+        )
+    plan = plan_attention(shape)
+    if mode == "template":
+        return AttentionChoice(True, ("FUSER_ATTENTION=template forces it",), plan)
+    if measured is None:
+        return AttentionChoice(
+            False,
+            (
+                "FUSER_ATTENTION=auto, no measurement: the template is timed on a GPU only "
+                "(the CPU interpreter's time says nothing about it)",
+            ),
+        )
+    t, s = measured["template_ms"], measured["sdpa_ms"]
+    faster = t < s
+    verdict = "faster" if faster else "not faster"
+    return AttentionChoice(
+        faster,
+        (
+            f"FUSER_ATTENTION=auto, measured on {measured.get('device', 'this GPU')}: template "
+            f"{t:.3f} ms vs SDPA {s:.3f} ms forward + backward, {verdict} (cached on disk)",
+        ),
+        plan if faster else None,
+    )
