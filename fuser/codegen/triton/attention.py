@@ -50,7 +50,11 @@ def header(plan: AttentionPlan) -> str:
     return '"""' + "\n".join(lines) + '\n"""\n'
 
 
-_PRELUDE = "import triton\nimport triton.language as tl\n\nLOG2E = tl.constexpr(1.4426950408889634)\n"
+_PRELUDE = """import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+"""
 
 
 def _where(skip: bool, var: str, cond: str) -> str:
