@@ -169,3 +169,62 @@ def test_mask_falls_back_visibly(monkeypatch):
     text = _compiled_vs_eager(monkeypatch, "template", mask)
     assert "the template does not take this attention: an attn_mask" in text
     assert "fuser_attention_forward" not in text
+
+
+def _sm90_resources(plan, kernel: str, tiles) -> dict:
+    """ptxas's registers and spills of one template kernel compiled for sm_90 (no GPU),
+    with the specializations Triton's launcher makes: unit head-dim strides, 16-aligned
+    pointers and strides."""
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fuser.runtime.resources import cubin_resources
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "attn.py"
+        path.write_text(render_attention(plan))
+        spec = importlib.util.spec_from_file_location("_attn_sm90", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        fn = getattr(mod, kernel)
+        s = plan.shape
+        values = {"BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_D": plan.block_d}
+        values |= {"HEAD_D": s.head_dim, "GROUP": s.group}
+        sig, consts = {}, {}
+        for a in fn.arg_names:
+            if a in values:
+                sig[a], consts[a] = "constexpr", values[a]
+            elif a in ("LSE", "DELTA"):
+                sig[a] = "*fp32"
+            elif a.isupper():
+                sig[a] = f"*{s.dtype}"
+            elif a == "sm_scale":
+                sig[a] = "fp32"
+            elif a.startswith("s") and (a.endswith("d") or a == "slm"):
+                sig[a], consts[a] = "constexpr", 1  # Triton specializes strides of 1
+            else:
+                sig[a] = "i32"
+        aligned = [i for i, a in enumerate(fn.arg_names) if sig[a] == "i32" or "*" in sig[a]]
+        attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+        opts = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+        compiled = triton.compile(
+            ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts
+        )
+        res = cubin_resources(compiled.asm["cubin"])
+        return res.get(kernel) or next(iter(res.values()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dims", [(16, 12, 1024, 64), (4, 32, 4096, 128)], ids=["gpt2", "long"])
+def test_h100_tiles_compile_for_sm90_without_spills(dims):
+    b, h, t, d = dims
+    plan = plan_attention(AttentionShape(b, h, h, t, t, d, "bf16", True, "cuda"))
+    for kernel, tiles in (("attn_fwd", plan.forward), ("attn_bwd_dkdv", plan.dkdv)):
+        res = _sm90_resources(plan, kernel, tiles)
+        assert res["stack"] + res["local"] == 0, f"{kernel} {tiles.line()} spills: {res}"
+        assert res["registers"] <= 255

@@ -57,15 +57,17 @@ def attention_forward(
     scale: float | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q kᵀ * scale [causal]) v and its natural-log LSE [B, Hq, Tq] (fp32).
 
     q [B, Hq, Tq, d], k and v [B, Hkv, Tk, d] with Hq a multiple of Hkv, any strides.
     `out`/`lse`, when given, are written in place (any strides; lse may be padded past Tq
-    or carry a trailing size-1 dim, as ATen's kernels make it)."""
+    or carry a trailing size-1 dim, as ATen's kernels make it). `plan` overrides the
+    planner's tiles (benchmarks/attention_bench.py --sweep)."""
     _check(q, k, v)
     shape = AttentionShape.of(q, k, causal)
-    plan = plan_for(shape)
+    plan = plan_for(shape) if plan is None else plan
     b, hq, tq, d = q.shape
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty((b, hq, tq), dtype=torch.float32, device=q.device) if lse is None else lse
@@ -91,12 +93,13 @@ def attention_backward(
     causal: bool,
     scale: float | None = None,
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    plan: AttentionPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention_forward, from its out and lse (natural log, fp32, read
     through its strides). `grads` are preallocated outputs (any strides)."""
     _check(q, k, v)
     shape = AttentionShape.of(q, k, causal)
-    plan = plan_for(shape)
+    plan = plan_for(shape) if plan is None else plan
     b, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     sm_scale = 1.0 / math.sqrt(d) if scale is None else scale

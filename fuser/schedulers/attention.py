@@ -181,6 +181,17 @@ def plan_attention(shape: AttentionShape) -> AttentionPlan:
     return AttentionPlan(shape, d, fw, dkdv, dq, even_m, even_n, tuple(reasons))
 
 
+def retile(plan: AttentionPlan, why: str, **tiles: Tiles) -> AttentionPlan:
+    """The plan with other tiles (forward=, dkdv=, dq=), its masks recomputed: what a
+    tile sweep measures (benchmarks/attention_bench.py --sweep)."""
+    fw, dkdv, dq = (tiles.get(k, getattr(plan, k)) for k in ("forward", "dkdv", "dq"))
+    s = plan.shape
+    _check(s, plan.block_d, fw, dkdv, dq)
+    even_m = all(s.t_q % b == 0 for b in (fw.block_m, dkdv.block_m, dq.block_m))
+    even_n = all(s.t_k % b == 0 for b in (fw.block_n, dkdv.block_n, dq.block_n))
+    return AttentionPlan(s, plan.block_d, fw, dkdv, dq, even_m, even_n, (why,))
+
+
 def _gpu_tiles(shape: AttentionShape, d: int, reasons: list[str]) -> tuple[Tiles, Tiles, Tiles]:
     # Forward. A 128-query tile is what Triton's fused-attention tutorial and FA2 settle on
     # for sm_80/sm_90: each K/V tile loaded from HBM is reused by 128 rows of Q. K and V
