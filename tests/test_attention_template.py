@@ -228,3 +228,28 @@ def test_h100_tiles_compile_for_sm90_without_spills(dims):
         res = _sm90_resources(plan, kernel, tiles)
         assert res["stack"] + res["local"] == 0, f"{kernel} {tiles.line()} spills: {res}"
         assert res["registers"] <= 255
+
+
+@pytest.mark.parametrize("lse_layout", ["efficient", "cudnn"])
+def test_template_node_makes_atens_output_layouts(lse_layout):
+    """What the lowering puts in place of a GPU kernel, on CPU: out with the kernel's
+    strides ([B, T, H, d] memory), the LSE padded (efficient) or with a trailing 1 (cuDNN),
+    the RNG placeholders; and the backward reads that LSE through its strides."""
+    from fuser.dynamo.attention import Out, TemplateBackward, TemplateForward
+
+    torch.manual_seed(3)
+    q, k, v = (_heads(1, 9, 2, 16) for _ in range(3))
+    lse_out = {
+        "efficient": Out((1, 2, 32), (64, 32, 1), torch.float32),
+        "cudnn": Out((1, 2, 9, 1), (18, 9, 1, 1), torch.float32),
+    }[lse_layout]
+    outs = (Out((1, 2, 9, 16), (288, 16, 32, 1), torch.float32), lse_out, Out((), (), torch.int64))
+    out, lse, seed = TemplateForward(True, None, outs, "")(q, k, v)
+    assert out.stride() == (288, 16, 32, 1) and lse.shape == lse_out.shape and seed.dim() == 0
+    torch.testing.assert_close(out, math_attention(q, k, v, True), atol=2e-5, rtol=1e-5)
+    grads = (Out(tuple(x.shape), tuple(x.stride()), x.dtype) for x in (q, k, v))
+    do = torch.randn_like(out)
+    dq, dk, dv = TemplateBackward(True, None, tuple(grads), "")(do, q, k, v, out, lse)
+    want = attention_backward(do, q, k, v, out, lse[:, :, :9].reshape(1, 2, 9), True)
+    for got, w in zip((dq, dk, dv), want, strict=True):
+        torch.testing.assert_close(got, w)
