@@ -16,6 +16,10 @@ FUSER_COMPILE_WORKERS  threads that compile a graph's kernels ahead of its first
 FUSER_ONE_PASS_CE  0 leaves F.cross_entropy to AOTAutograd's log_softmax + nll_loss (default
               1: when a backward will run, loss and gradient in one kernel,
               fuser/dynamo/ce_op.py)
+FUSER_ATTENTION  which runs torch.compile(backend="fuser") graphs' attentions: "sdpa" (default:
+              ATen's SDPA kernels), "template" (fuser's Triton flash attention wherever it
+              applies), "auto" (the template where a measurement on this GPU, made on first
+              use and cached on disk, says it is faster); fuser/schedulers/attention.py
 FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
               (overflow, invalid value, divide by zero) from generated kernels: the test
               suite's check that a kernel computes no inf or NaN that eager does not (default
@@ -41,6 +45,7 @@ class Config:
     call_program: bool
     compile_workers: int = 0
     one_pass_cross_entropy: bool = True
+    attention: str = "sdpa"
 
 
 def _read() -> Config:
@@ -54,6 +59,7 @@ def _read() -> Config:
         call_program=os.environ.get("FUSER_CALL_PROGRAM", "1") not in ("", "0"),
         compile_workers=int(os.environ.get("FUSER_COMPILE_WORKERS", "0") or 0),
         one_pass_cross_entropy=os.environ.get("FUSER_ONE_PASS_CE", "1") not in ("", "0"),
+        attention=os.environ.get("FUSER_ATTENTION", "sdpa") or "sdpa",
     )
 
 

@@ -20,6 +20,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fuser.config import config, debug_print
+from fuser.dynamo.attention import lower_attention
 from fuser.dynamo.ce_rewrite import scale_saved_gradient_in_place
 from fuser.dynamo.context import NotLowerable
 from fuser.dynamo.pad_mm import pad_matmuls
@@ -61,6 +62,7 @@ class GraphRecord:
     compile_seconds: float = 0.0
     views_moved: int = 0  # row views taken out from between fusible ops (views.py)
     matmuls_padded: list[str] = field(default_factory=list)  # pad_mm.py's notes
+    attention: list[str] = field(default_factory=list)  # attention.py's choices
     error: str = ""  # set when lowering failed and the whole graph runs as ATen ops
     cudagraphs: str = ""  # with CUDA graphs asked for: captured, or why not (cudagraphs.py)
     aten_graph: str = ""
@@ -308,10 +310,12 @@ def lower_graph(
 
 def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
     """The first stage: a copy of gm (gm stays the ATen fallback) with its unaligned
-    matmuls padded and its row views moved out from between fusible ops."""
+    matmuls padded, its chosen attentions made template calls, and its row views moved
+    out from between fusible ops."""
     work = copy_module(gm)
     scale_saved_gradient_in_place(work)
     if config.pad_matmuls:
         record.matmuls_padded = pad_matmuls(work)
+    record.attention = lower_attention(work)
     record.views_moved = sink_row_views(work.graph)
     return work

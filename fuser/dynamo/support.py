@@ -150,6 +150,8 @@ def fallback_reason(node: fx.Node) -> str:
     t = node.target
     if node.op != "call_function":
         return f"{node.op} nodes stay as they are"
+    if "fuser_attention" in node.meta:  # an attention: template or SDPA (dynamo/attention.py)
+        return node.meta["fuser_attention"]
     if not isinstance(t, torch._ops.OpOverload):
         return f"Python call {op_name(node)} (size arithmetic or a higher-order op)"
     base = t._schema.name.split("::")[-1]

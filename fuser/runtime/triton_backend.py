@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -87,6 +88,27 @@ def _interpreted(module: ModuleType) -> None:
     for name, fn in list(vars(module).items()):
         if isinstance(fn, JITFunction):
             setattr(module, name, InterpretedFunction(fn.fn))
+
+
+def _scalar_index_fix() -> None:
+    """Triton 3.6's interpreter turns a scalar into a Python int with int() of its
+    one-element array, which numpy 2.4 refuses (only 0-d arrays convert): a loop with a
+    run-time bound, `for i in range(lo, hi, BLOCK)` (the attention template's walks), fails.
+    Its tensor patches are made per launch by _patch_lang_tensor; this adds, in the same
+    scope (restored after the launch), an __index__ that reads the one element."""
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "fuser_fixed", False):
+        return
+
+    def patched(tensor: Any, scope: Any) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.fuser_fixed = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+_scalar_index_fix()
 
 
 # id -> the jit function (kept, so its id stays its own) and its interpreted twin; by id
