@@ -192,3 +192,26 @@ def test_eager_op_matches_torch() -> None:
     loss, grad = torch.ops.fuser.cross_entropy(x, t, 1, -1, 0.3, True)
     torch.testing.assert_close(loss, want.detach())
     torch.testing.assert_close(grad.float(), xr.grad, atol=1e-3, rtol=1.6e-2)
+
+
+def test_autocast_loss_is_float32_as_eager(backend: str) -> None:
+    """Under autocast eager computes cross-entropy in float32 and returns a float32 loss
+    from bf16 logits with no .float() written; the one-pass op must too (found on the
+    H100: a GPT-2 step's loss came back in bf16)."""
+    x, t = _data(6, 300, BF16)
+    f = _loss_fn(False, "mean", 0.0)
+    with torch.autocast(DEVICE, dtype=BF16):
+        want = f(x, t)
+        b = FuserBackend(strict=True)
+        g = torch.compile(f, backend=b)
+        xc = x.detach().clone().requires_grad_(True)
+        got = g(xc, t)
+    assert sum(c.cross_entropy for c in b.captures) == 1
+    assert got.dtype == want.dtype == torch.float32
+    got.backward()
+    assert xc.grad.dtype == BF16
+    xr = x.detach().float().requires_grad_(True)
+    ref = F.cross_entropy(xr, t)
+    ref.backward()
+    torch.testing.assert_close(got.detach(), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xc.grad.float(), xr.grad, rtol=2e-2, atol=1e-4)

@@ -121,6 +121,11 @@ def one_pass_cross_entropy(gm: fx.GraphModule) -> int:
         if opts is None or not _takes(node):
             continue
         src, views, upcast = _strip(node.args[0])
+        # the loss in the dtype eager gives: float32 under autocast (cross-entropy is on
+        # its float32 list) even where the user wrote no .float()
+        want, got = _val(node), _val(src)
+        if want is not None and got is not None and want.dtype == torch.float32:
+            upcast = upcast or got.dtype != torch.float32
         with graph.inserting_before(node):
             x = src
             for v in reversed(views):
