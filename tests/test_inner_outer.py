@@ -200,3 +200,73 @@ def test_scheduler_reasons_count_registers() -> None:
     assert s.kind == "inner_outer" and s.grid[0] % 132 == 0
     assert any("column accumulators" in r for r in s.reasons)
     assert s == schedule_inner_outer(k.spec, get_device("h100"), "triton")
+
+
+def _meta_bwd(h: int) -> list[torch.Tensor]:
+    ins, _ = _inputs(8, h, torch.bfloat16, False, False, False)
+    return [
+        torch.empty(
+            (8192, h) if t.dim() == 2 else (8192,) if t.dtype == torch.float32 else (h,),
+            dtype=t.dtype,
+            device="meta",
+        )
+        for t in ins
+    ]
+
+
+@pytest.mark.parametrize("backend_name", ["triton", "cuda"])
+@pytest.mark.parametrize("h", [1024, 1600, 2048])
+def test_several_loads_of_each_row_tensor_a_thread(backend_name, h) -> None:
+    """Vector 4 x batch 4 beat vector 8 x batch 2 on the H100 in both backends (and at
+    1600, 3 chunks of 512 + a 64-column tail beat a 1024-column tail for 576 columns)."""
+    (k,) = _ln_bwd(torch.bfloat16).compile(_meta_bwd(h), device="h100", backend=backend_name)
+    s = k.schedule
+    assert s.kind == "inner_outer" and s.vector == 4, s.short()
+    assert s.persistent_batch + bool(s.tail) >= 4, s.short()
+    assert any("loads of each row tensor" in r for r in s.reasons)
+    if h == 1600:  # no 1024-column tail for the last 576 columns
+        assert s.chunk * s.persistent_batch == 1536, s.short()
+
+
+def test_triton_tiles_share_one_layout_at_several_rows_a_step() -> None:
+    """With rows_per_block > 1 the column offsets are [rows, width] tiles, so the weight
+    load has the rows' layout: compiled for sm_90, the row loop converts no layout (a
+    [1, width] weight load made Triton convert the rows through shared memory each step)."""
+    import subprocess
+    import sys
+
+    (k,) = _ln_bwd(torch.bfloat16).compile(_meta_bwd(768), device="h100", backend="triton")
+    assert k.schedule.rows_per_block > 1
+    assert f"tl.broadcast_to(pcols_0, ({k.schedule.rows_per_block}, " in k.source
+    code = (
+        "import json, sys\n"
+        "from fuser.runtime import resources as R\n"
+        "import triton, importlib.util, tempfile, pathlib\n"
+        "from triton.backends.compiler import GPUTarget\n"
+        "from triton.compiler import ASTSource\n"
+        "job = json.load(sys.stdin)\n"
+        "d = tempfile.mkdtemp(); p = pathlib.Path(d) / 'k.py'; p.write_text(job['source'])\n"
+        "sp = importlib.util.spec_from_file_location('k', p)\n"
+        "m = importlib.util.module_from_spec(sp); sp.loader.exec_module(m)\n"
+        "attrs = {(i,): [['tt.divisibility', 16]] for i in job['aligned']}\n"
+        "src = ASTSource(fn=getattr(m, job['name']), signature=job['signature'], "
+        "constexprs={}, attrs=attrs)\n"
+        "c = triton.compile(src, target=GPUTarget('cuda', 90, 32), "
+        "options={'num_warps': job['num_warps'], **R.TRITON_OPTIONS})\n"
+        "print(c.asm['ttgir'])\n"
+    )
+    import json
+    import os
+
+    from fuser.runtime.resources import _job
+
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(_job(k, "sm_90")),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRITON_INTERPRET": "0"},
+        check=True,
+    ).stdout
+    loop = out[out.index("scf.for") : out.index("scf.yield")]
+    assert "convert_layout" not in loop

@@ -28,8 +28,7 @@ def inner_outer(kw: TritonKernelWriter) -> str:
             f"{len(chunks)} chunk(s) kept in registers; the column reductions "
             f"({', '.join(n.out.name for n in columns)}) accumulate per-column partials"
         )
-        for c in chunks:
-            kw.col_setup(c)
+        _col_setup(kw, chunks, rpb)
         for n in columns:
             for c in chunks:
                 w.line(
@@ -62,14 +61,35 @@ def inner_outer(kw: TritonKernelWriter) -> str:
         for n, name in zip(columns, ws):
             for c in chunks:
                 part = kw.reduce(n, f"cacc_{n.out.name}{c.suffix()}", axis=0)
-                m = f", mask=col_ok{c.suffix()}" if c.masked else ""
-                w.line(
-                    f"tl.store({name}_ptr + tl.program_id(0) * {spec.cols} + cols{c.suffix()}, "
-                    f"{part}{m})"
-                )
+                cols = f"cols{c.suffix()}" if rpb == 1 else f"pcols{c.suffix()}"
+                m = f", mask={cols} < {spec.cols}" if c.masked else ""
+                w.line(f"tl.store({name}_ptr + tl.program_id(0) * {spec.cols} + {cols}, {part}{m})")
     w.line()
     _finalize(kw, extra)
     return w.text()
+
+
+def _col_setup(kw: TritonKernelWriter, chunks: list[Chunk], rpb: int) -> None:
+    """Each chunk's column offsets (and tail mask). With several rows a step they are
+    [rows_per_block, width] tiles, so every load of the step (the FULL rows and the COL
+    parameters alike) is a tile of one shape and Triton gives them one register layout.
+    A [1, width] parameter load got a layout of its own (fewer elements a thread), and
+    the step's rows were converted between the two through shared memory: 6 tile
+    conversions a step at H=1600 (rpb 2), 15 at H=768 (rpb 4), none left with the tiles."""
+    if rpb == 1:
+        for c in chunks:
+            kw.col_setup(c)
+        return
+    kw.w.comment(
+        f"column offsets as ({rpb}, width) tiles: one register layout for every load of a "
+        "step (pcols: the [1, width] columns of the partial rows)"
+    )
+    for c in chunks:
+        sfx = c.suffix()
+        kw.w.line(f"pcols{sfx} = {c.offset}tl.arange(0, {c.width})[None, :]")
+        kw.w.line(f"cols{sfx} = tl.broadcast_to(pcols{sfx}, ({rpb}, {c.width}))")
+        if c.masked:
+            kw.w.line(f"col_ok{sfx} = cols{sfx} < {kw.spec.cols}")
 
 
 def _accumulate(kw: TritonKernelWriter, em: Emitter, node, chunks: list[Chunk]) -> None:
