@@ -99,16 +99,18 @@ def test_threads_share_one_definition(fresh_cache: Path) -> None:
 def test_threads_define_the_same_fusion(fresh_cache: Path) -> None:
     """Same kernels, same module files: loaded once, written whole."""
     ins = inputs(20, 130, seed=1)
+    sources: set[str] = set()
 
     def work(i: int) -> None:
         fd = norm_and_colsum()
         for _ in range(2):
             assert_matches(fd, fd.execute(ins), ins)
+        sources.update(k.source for k in fd.kernels)
 
     in_threads(work)
     files = sorted((fresh_cache / "triton").glob("k_*.py"))
-    assert len(files) == 2, files
-    assert len(triton_backend._modules) == 2
+    assert len(files) == len(sources) >= 1, files  # one module file a distinct kernel
+    assert len(triton_backend._modules) == len(sources)
     assert not list((fresh_cache / "triton").glob("*.tmp"))
 
 
@@ -144,7 +146,7 @@ CHILD = textwrap.dedent(
     for _ in range(2):
         for o, r in zip(fd.execute(ins), fd.reference(ins)):
             torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
-    print("ok", [k.schedule.kind for k in fd.kernels])
+    print("ok", len(fd.kernels))
     """
 )
 
@@ -164,11 +166,14 @@ def test_processes_share_the_disk_cache(tmp_path: Path) -> None:
         )
         for _ in range(4)
     ]
+    counts = set()
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0 and out.startswith("ok"), err[-3000:]
+        counts.add(int(out.split()[1]))
+    (kernels,) = counts  # every process planned the same kernels
     files = sorted((tmp_path / "fuser" / "triton").glob("k_*.py"))
-    assert len(files) == 2, files
+    assert len(files) == kernels, files  # one module file each, written once
     for f in files:
         compile(f.read_text(), str(f), "exec")  # whole, valid Python
     leftovers = [p for p in (tmp_path / "fuser").rglob("*") if p.name.endswith(".tmp")]
