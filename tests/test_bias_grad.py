@@ -9,7 +9,9 @@ that grows with M. Every split and single-stage layout is run too, forced, on on
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ import torch
 from fuser.bench.measure import with_schedule
 from fuser.examples.bias_grad import bias_grad_eager, bias_grad_fusion
 from fuser.schedulers.device import get_device
-from fuser.schedulers.outer import OUTER_BYTES_IN_FLIGHT, cost, outer_candidates
+from fuser.schedulers.outer import PICK_BAND, cost, outer_candidates
 
 BF16, F32 = torch.bfloat16, torch.float32
 
@@ -108,6 +110,33 @@ def _spec(form: str, m: int, n: int, backend: str):
     return k
 
 
+SWEEP = Path(__file__).parent.parent / "benchmarks/results/h100-2026-11-25-outer-sweep/sweep.jsonl"
+
+
+def sweep_regret(path: Path, backend: str, shape: str) -> tuple[str, float, float]:
+    """(the heuristic's schedule, its measured ms, the fastest measured ms) at `shape` in
+    an outer_sweep.py results file (f32 form: dy.float().sum(0) on bf16 dy)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    timed = {
+        r["schedule"]: r["ms"]
+        for r in rows
+        if r["shape"] == shape and r["impl"] == f"sweep-{backend}" and r.get("ms")
+    }
+    m, n = (int(x) for x in shape.split("x"))
+    mine = _spec("f32", m, n, backend).schedule.short()
+    assert mine in timed, f"{mine} was not timed in {path}"
+    return mine, timed[mine], min(timed.values())
+
+
+@pytest.mark.parametrize("backend_name", ["triton", "cuda"])
+@pytest.mark.parametrize("shape", ["8192x768", "8192x3072", "32768x3072"])
+def test_regret_on_the_h100_sweep(backend_name, shape) -> None:
+    """The heuristic's choice, timed in the H100 sweep, is within 5% of the fastest of the
+    ~150 schedules timed there (the sweep's run-to-run noise is about that)."""
+    mine, ms, best = sweep_regret(SWEEP, backend_name, shape)
+    assert ms <= 1.05 * best, f"{mine}: {ms:.4f} ms, the fastest {best:.4f}"
+
+
 @pytest.mark.parametrize("backend_name", ["triton", "cuda"])
 @pytest.mark.parametrize("form", ["f32", "gelu"])
 @pytest.mark.parametrize("shape", TARGETS, ids=[f"{m}x{n}" for m, n in TARGETS])
@@ -119,16 +148,18 @@ def test_heuristic_at_the_targets(backend_name, form, shape) -> None:
     k = _spec(form, *shape, backend_name)
     s = k.schedule
     assert s.kind == "outer_reduction" and s.split_rows > 1, s.short()
-    c = cost(k.spec, dev, s, s.estimate.registers)
-    # (rounded down to whole column tiles: a few SMs may idle)
-    assert c.blocks >= 0.95 * dev.sms
-    assert c.in_flight_kb * 1024 >= 0.9 * OUTER_BYTES_IN_FLIGHT
-    assert 2 * s.split_rows * shape[1] * 4 <= 0.05 * k.spec.bytes_moved()
+    c = cost(k.spec, dev, s, s.estimate.registers, backend_name)
+    # (rounded down to whole column tiles: a few SMs may idle); several blocks a SM, the
+    # warps to hide the loop's work (one block a SM measured at a third of the bandwidth)
+    assert c.blocks >= 2 * dev.sms and c.warps >= 12
+    assert c.efficiency >= 0.6
+    # the partials (counted in the cost) stay a small L2-resident buffer
+    assert s.split_rows * shape[1] * 4 <= dev.l2_bytes // 8 and c.workspace_us > 0
     # a finalize block per ~SM: its column tile leaves no more than a few tiles per SM
     assert s.finalize_cols >= s.vector and -(-shape[1] // s.finalize_cols) >= dev.sms // 2
     text = "\n".join(s.reasons)
     assert "split-M two stage" in text and "unsplit, the best column tiling" in text
-    assert "KB a SM (latency needs ~32 KB)" in text
+    assert "warps a SM" in text and "of the copy ceiling, thread-row combines" in text
     assert "finalize as a second launch" in text and "fixed order" in text
     # explain prints the plan's finalize launch
     assert "finalize launch: grid" in k.plan.text()
@@ -146,11 +177,11 @@ def test_heuristic_wide_columns_need_no_split(backend_name) -> None:
 
 
 def test_heuristic_chooses_the_cheapest_predicted() -> None:
-    """The choice is within the 3% tie band of the cheapest candidate the model scores."""
+    """The choice is within the tie band of the cheapest candidate the model scores."""
     dev = get_device("h100")
     for m, n in TARGETS:
         k = _spec("f32", m, n, "triton")
         cands = outer_candidates(k.spec, dev, "triton")
         best = min(cost(k.spec, dev, c, c.estimate.registers).total_us for c in cands)
         mine = cost(k.spec, dev, k.schedule, k.schedule.estimate.registers).total_us
-        assert mine <= best * 1.03 + 1e-9
+        assert mine <= best * (1 + PICK_BAND) + 1e-9

@@ -10,6 +10,35 @@ from fuser.plan.kernel_plan import KernelPlan
 
 
 @dataclass(frozen=True)
+class OuterModel:
+    """The outer (column) reduction's cost model constants for one backend's kernels
+    (fuser.schedulers.outer.cost). The main pass streams at
+
+        copy_fraction x DRAM bandwidth x min(1, F / in_flight_kb) ** in_flight_exp
+                                       x min(1, W / warps) ** warps_exp
+
+    (F: KB of loads and stores in flight a SM, W: resident warps a SM), plus
+    `combine_us` a wave of blocks for each halving of the block's thread rows (the
+    epilogue's cross-thread combine), `launch_us` for the main launch's ramp and
+    `finalize_us` for a split's second launch.
+
+    The defaults are fitted to the CUDA kernels' H100 sweep
+    (benchmarks/results/h100-2026-11-25-outer-sweep/sweep.jsonl, 445 timed schedules of
+    dy.float().sum(0) at 8192x768, 8192x3072, 32768x3072): the model's choice is within
+    4% of the fastest measured schedule at each shape (the sweep's run-to-run noise is
+    ~5%)."""
+
+    copy_fraction: float = 0.9  # the copy ceiling: 3029 of 3350 GB/s measured
+    in_flight_kb: float = 32.0
+    in_flight_exp: float = 0.35
+    warps: float = 16.0
+    warps_exp: float = 0.3
+    combine_us: float = 0.0  # CUDA combines thread rows with warp shuffles: lost in noise
+    launch_us: float = 5.0
+    finalize_us: float = 2.0
+
+
+@dataclass(frozen=True)
 class Limits:
     """What a backend's kernels can do, for the schedulers."""
 
@@ -22,6 +51,8 @@ class Limits:
     # may choose it where at most this many blocks of the row kernel fit on an SM
     prefetch: bool = True
     prefetch_max_blocks_per_sm: int = 1
+    # the outer reduction's cost model (its docstring cites the measurements)
+    outer: OuterModel = OuterModel()
 
 
 class Backend:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fuser.backends.base import Backend, Limits
+from fuser.backends.base import Backend, Limits, OuterModel
 from fuser.codegen.triton.source import render_triton
 from fuser.config import use_interpreter
 from fuser.plan.kernel_plan import KernelPlan
@@ -17,7 +17,19 @@ class TritonBackend(Backend):
     name = "triton"
     extension = "py"
     # prefetching lost 5-7% at 2+ blocks/SM (12288, 16384) and won 12% at 1 (20480)
-    limits = Limits(masked_outer_tail=True, prefetch=True, prefetch_max_blocks_per_sm=1)
+    # outer reductions: the H100 sweep (benchmarks/results/h100-2026-11-25-outer-sweep/
+    # sweep.jsonl, 445 schedules of dy.float().sum(0) at 8192x768, 8192x3072, 32768x3072)
+    # is fastest with one thread row a block (128 threads over 1024 columns, 4 rows a step,
+    # hundreds of row splits): tl.sum over the tile's rows costs a shared-memory round
+    # trip a halving of thread rows (combine_us), and the stream needs more warps a SM
+    # than CUDA's (warps_exp). Fitted choice within 4.3% of the fastest at each shape (the
+    # old model's 24-45%)
+    limits = Limits(
+        masked_outer_tail=True,
+        prefetch=True,
+        prefetch_max_blocks_per_sm=1,
+        outer=OuterModel(in_flight_exp=0.25, warps=12.0, warps_exp=0.5, combine_us=0.75),
+    )
 
     def render(self, plan: KernelPlan) -> str:
         return render_triton(plan)

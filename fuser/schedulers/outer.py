@@ -12,11 +12,15 @@ with a cost model of the device:
   of each column in a fixed order (deterministic, no float atomics). Its tile is
   `finalize_cols` columns a block, its threads spread over the partials.
 
-The model: a streaming kernel reaches HBM bandwidth only with ~32 KB of loads in flight
-per SM (Little's law: 3.35 TB/s x ~1.3 us loaded latency / 132 SMs); fewer bytes in
-flight scale it down. The row splits cost their workspace traffic (written once, read
-once) and the finalize launch (a fixed ~2 us: launch gap and a short kernel's ramp).
-Blocks beyond one wave, or SMs with more blocks than others, stretch the kernel.
+The model (constants per backend in `Backend.limits.outer`, fitted to the H100 sweep
+benchmarks/results/h100-2026-11-25-outer-sweep/sweep.jsonl; see fuser.backends.base
+OuterModel): the main pass streams every FULL tensor (read and written: a fused
+producer's inputs and its full output count too) at the copy ceiling scaled by two
+power laws capped at 1, one of the bytes in flight a SM (Little's law) and one of the resident
+warps a SM (what hides the loop's non-load work: a producer's math, the stores, the
+accumulate). Blocks beyond one wave, or SMs with more blocks than others, stretch it;
+each wave of blocks pays its epilogue's cross-thread combine; the row splits cost their
+workspace traffic (written once, read once) and the finalize launch.
 """
 
 from __future__ import annotations
@@ -39,12 +43,10 @@ from fuser.schedulers.device import Device
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import KernelSpec
 
-# Loads in flight per SM that cover DRAM latency for a pure streaming read (the brief's
-# 32-64 KB; the inner scheduler's 16 KB covers kernels that also compute between loads)
-OUTER_BYTES_IN_FLIGHT = 32 * 1024
-# What a finalize launch costs beyond its bytes: the dependent launch's gap on the GPU and
-# its ramp (a guess for the H100, to be checked with benchmarks/outer_sweep.py)
-FINALIZE_US = 2.0
+# Predicted times within this fraction of the fastest are ties (the fit's resolution; a
+# wider band picked 8192x4096's GELU backward at 2 row splits, 1 block a SM: 0.18 ms
+# measured against 0.094 for torch.compile)
+PICK_BAND = 1e-4
 # A block that runs fewer row steps than this pays its epilogue (a shared-memory combine
 # of its thread rows and the partials' store) on too little work
 MIN_STEPS = 2
@@ -69,7 +71,10 @@ class OuterCost:
 
     blocks: int
     blocks_per_sm: int  # resident, from the register estimate
-    in_flight_kb: float  # loads in flight per SM
+    in_flight_kb: float  # loads and stores in flight per SM
+    warps: float  # resident warps per SM, on average
+    efficiency: float  # of the copy ceiling, from the two above
+    combine_us: float  # the epilogues' cross-thread combines (in main_us)
     main_us: float
     workspace_us: float
     finalize_us: float
@@ -79,9 +84,10 @@ class OuterCost:
         return self.main_us + self.workspace_us + self.finalize_us
 
 
-def _load_bytes(spec: KernelSpec) -> int:
-    """Bytes loaded per (row, column) element: every FULL input once."""
-    return sum(a.dtype.itemsize for a in spec.full_args() if not a.is_output) or 4
+def _step_bytes(spec: KernelSpec) -> int:
+    """Bytes a (row, column) element of a step moves: every FULL tensor once, inputs and
+    outputs (a fused producer's full output is stored in the same step)."""
+    return sum(a.dtype.itemsize for a in spec.full_args()) or 4
 
 
 def finalize_cols(spec: KernelSpec, dev: Device, v: int, split: int) -> int:
@@ -93,30 +99,38 @@ def finalize_cols(spec: KernelSpec, dev: Device, v: int, split: int) -> int:
     return v * max(1, min(32, pow2_floor(max(vectors // dev.sms, 1))))
 
 
-def cost(spec: KernelSpec, dev: Device, s: Schedule, regs: int) -> OuterCost:
-    """Predicted time of `s`: the main pass at the bandwidth its bytes in flight allow,
-    stretched by waves and imbalance, plus the workspace traffic and the finalize."""
+def cost(
+    spec: KernelSpec, dev: Device, s: Schedule, regs: int, backend: Backend | str = "triton"
+) -> OuterCost:
+    """Predicted time of `s` with `backend`'s constants: the main pass at the bandwidth its
+    bytes in flight and resident warps allow, stretched by waves and imbalance, plus the
+    epilogues' combine, the workspace traffic and the finalize."""
+    m = get_backend(backend).limits.outer
     blocks = math.prod(s.grid)
     resident = max(dev.blocks_per_sm(s.threads, regs), 1)
     per_sm = min(resident, -(-blocks // dev.sms))
-    thread_rows = s.threads // s.threads_per_row
+    thread_rows = max(s.threads // s.threads_per_row, 1)
     loads = max(s.rows_per_block // thread_rows, 1)
-    block_bytes = s.threads * loads * s.vector * _load_bytes(spec)
-    # the SMs average blocks / sms blocks at once; bytes in flight follow
+    block_bytes = s.threads * loads * s.vector * _step_bytes(spec)
+    # the SMs average blocks / sms blocks at once; bytes in flight and warps follow
     avg = min(blocks / dev.sms, resident)
-    in_flight_bytes = avg * block_bytes
-    bw = dev.dram_gbps * 1e3 * min(1.0, in_flight_bytes / OUTER_BYTES_IN_FLIGHT)  # B/us
+    in_flight_kb = avg * block_bytes / 1024
+    warps = avg * s.threads / dev.warp_size
+    eff = min(1.0, in_flight_kb / m.in_flight_kb) ** m.in_flight_exp
+    eff *= min(1.0, warps / m.warps) ** m.warps_exp
+    bw = dev.dram_gbps * 1e3 * m.copy_fraction * eff  # B/us
     # waves: blocks run resident x sms at a time; the busiest SM sets the time
     waves = blocks / (dev.sms * resident)
     stretch = max(1.0, math.ceil(waves) / waves) if waves > 1 else 1.0
     if blocks >= dev.sms:
         stretch *= math.ceil(blocks / dev.sms) / (blocks / dev.sms)
-    main = spec.bytes_moved() / bw * stretch
+    combine = m.combine_us * math.ceil(waves) * math.log2(thread_rows)
+    main = m.launch_us + spec.bytes_moved() / bw * stretch + combine
     ws = fin = 0.0
     if s.split_rows > 1:
         ws = 2 * s.split_rows * spec.cols * 4 * len(spec.reductions) / (dev.dram_gbps * 1e3)
-        fin = FINALIZE_US
-    return OuterCost(blocks, per_sm, in_flight_bytes / 1024, main, ws, fin)
+        fin = m.finalize_us
+    return OuterCost(blocks, per_sm, in_flight_kb, warps, eff, combine, main, ws, fin)
 
 
 def _split(spec: KernelSpec, dev: Device, col_tiles: int, rows_per_step: int, k: int) -> int:
@@ -184,21 +198,22 @@ def _schedules(
             regs = registers(spec, s, backend)
             if regs >= 255 or not dev.blocks_per_sm(s.threads, regs):
                 continue
-            seen[key] = (s, regs, cost(spec, dev, s, regs))
+            seen[key] = (s, regs, cost(spec, dev, s, regs, backend))
     return list(seen.values())
 
 
 def _pick(scored: list[tuple[Schedule, int, OuterCost]]) -> tuple[Schedule, int, OuterCost]:
-    # the fastest predicted; within 3% of it, the fewest partials, then the tiling with
-    # the fewest padding lanes (a partial last tile leaves its blocks short of work), then
-    # the widest tile
+    # the fastest predicted; within 0.01% of it (exact ties of the capped model), the smallest block
+    # (4 warps: the sweep's fastest in both backends at every shape), the fewest partials,
+    # then the tiling with the fewest padding lanes (a partial last tile leaves its blocks
+    # short of work), then the widest tile
     best = min(c.total_us for _, _, c in scored)
-    near = [x for x in scored if x[2].total_us <= best * 1.03]
+    near = [x for x in scored if x[2].total_us <= best * (1 + PICK_BAND)]
 
     def key(x: tuple[Schedule, int, OuterCost]) -> tuple:
         s = x[0]
         lanes = s.cols / (s.grid[0] * s.chunk)
-        return (s.split_rows, -round(lanes, 2), -s.chunk, s.rows_per_block, s.num_warps)
+        return (s.num_warps, s.split_rows, -round(lanes, 2), -s.chunk, s.rows_per_block)
 
     return min(near, key=key)
 
@@ -206,9 +221,10 @@ def _pick(scored: list[tuple[Schedule, int, OuterCost]]) -> tuple[Schedule, int,
 def _describe(spec: KernelSpec, dev: Device, s: Schedule, c: OuterCost) -> str:
     loads = max(s.rows_per_block * s.threads_per_row // s.threads, 1)
     return (
-        f"{c.blocks} blocks ({c.blocks_per_sm} resident a SM), {loads} load(s) of "
-        f"{s.vector * _load_bytes(spec)} B in flight a thread = {c.in_flight_kb:.0f} KB a SM "
-        f"(latency needs ~{OUTER_BYTES_IN_FLIGHT // 1024} KB): predicted {c.total_us:.1f} us"
+        f"{c.blocks} blocks ({c.blocks_per_sm} resident a SM), {loads} step(s) of "
+        f"{s.vector * _step_bytes(spec)} B in flight a thread = {c.in_flight_kb:.0f} KB and "
+        f"{c.warps:.0f} warps a SM: {c.efficiency:.0%} of the copy ceiling, "
+        f"thread-row combines {c.combine_us:.2f} us, predicted {c.total_us:.1f} us"
     )
 
 
@@ -251,7 +267,7 @@ def schedule_outer(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
         best2 = min(split, key=lambda x: x[2].total_us) if split else None
         other = (
             f"; the best split-M schedule predicts {best2[2].total_us:.1f} us "
-            f"(workspace and a finalize launch ~{FINALIZE_US:.0f} us)"
+            f"(workspace and a finalize launch ~{best2[2].finalize_us:.0f} us)"
             if best2
             else ""
         )
