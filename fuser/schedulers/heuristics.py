@@ -54,6 +54,10 @@ TARGET_WARPS_PER_SM = 16
 MAX_BATCH = 8
 # More rows per block than this grew registers beyond the model (1536 x rpb 8: 112 vs 85).
 MAX_ROWS_PER_BLOCK = 4
+# A looped kernel that reads its row twice keeps its resident rows within this share of
+# the L2, so the second read hits (the rest holds the gradient's written lines and other
+# traffic): at 8192x50257 bf16, 6 blocks/SM x 132 x 100 KB = 80 MB did not fit in 50 MB.
+L2_ROWS_SHARE = 0.8
 
 
 # -- pointwise ---------------------------------------------------------------------
@@ -316,12 +320,16 @@ def schedule_looped(
     backend: Backend | str = "triton",
 ) -> Schedule:
     # 256 threads per row, 2 chunks per iteration: 4096 fp16 elements in flight per block
+    chosen_warps = warps is not None
     if warps is None:
         warps = 8 if spec.cols >= 8 * 32 * v else max(1, pow2_floor(spec.cols // (32 * v)))
     tpr = warps * 32
     if unroll is None:
         unroll = 2 if spec.cols >= 2 * tpr * v else 1
     plan = looped_plan(spec)
+    if not chosen_warps and plan.count > 1:
+        warps = _l2_warps(spec, dev, v, warps, unroll, backend, reasons)
+        tpr = warps * 32
     reasons.append(
         f"looped: {spec.cols} columns do not fit in registers at {spec.crossing_words():.1f} "
         f"words/element; {len(plan.passes)} pass(es) over the row, {tpr * v * unroll} "
@@ -343,6 +351,60 @@ def schedule_looped(
     )
     regs = registers(spec, s, backend)
     return _with(s, _estimate(spec, dev, s, regs, 0, spec.cols), reasons)
+
+
+def _looped(spec: KernelSpec, v: int, warps: int, unroll: int) -> Schedule:
+    return Schedule(
+        "inner_looped",
+        spec.rows,
+        spec.cols,
+        v,
+        warps * 32,
+        1,
+        unroll=unroll,
+        num_warps=warps,
+        index_bits=index_bits(spec),
+    )
+
+
+def row_read_bytes(spec: KernelSpec) -> int:
+    """Bytes of one row of the FULL inputs: what a later pass over the row reads again."""
+    return spec.cols * sum(a.dtype.itemsize for a in spec.full_args() if not a.is_output)
+
+
+def _l2_warps(
+    spec: KernelSpec,
+    dev: Device,
+    v: int,
+    warps: int,
+    unroll: int,
+    backend: Backend,
+    reasons: list[str],
+) -> int:
+    """Warps of a looped kernel that reads its row more than once: the resident rows
+    (one a block) times the row's bytes stay within L2_ROWS_SHARE of the L2, so the later
+    passes find the row there instead of in DRAM. More warps a block means fewer resident
+    blocks (by threads and registers) and more bytes in flight per row."""
+    row = row_read_bytes(spec)
+    budget = int(dev.l2_bytes * L2_ROWS_SHARE)
+
+    def in_flight(w: int) -> int:
+        regs = registers(spec, _looped(spec, v, w, unroll), backend)
+        return dev.sms * max(dev.blocks_per_sm(w * 32, regs), 1)
+
+    rows = in_flight(warps)
+    if rows * row <= budget or spec.rows <= rows:
+        return warps
+    first = rows
+    while rows * row > budget and warps * 32 < backend.limits.max_threads:
+        warps *= 2
+        rows = in_flight(warps)
+    reasons.append(
+        f"L2: {first} resident rows x {row // 1024} KB = {first * row >> 20} MB would outgrow "
+        f"{L2_ROWS_SHARE:.0%} of the {dev.l2_bytes >> 20} MB L2 before the next pass reads the "
+        f"row again; {warps} warps a block keep {rows} rows ({rows * row >> 20} MB) resident"
+    )
+    return warps
 
 
 def choose_schedule(spec: KernelSpec, dev: Device, backend: Backend | str = "triton") -> Schedule:
