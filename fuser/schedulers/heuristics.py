@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from fuser.backends.base import Backend
 from fuser.backends.registry import get_backend
 from fuser.errors import ScheduleError
+from fuser.plan.build import aligned_walk
 from fuser.schedulers.common import (
     _estimate,
     _with,
@@ -258,6 +259,14 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
             sc, why = _score(spec, dev, c, itemsize, backend)
             scored.append((sc * (1.0 if vv == v else 0.99), why, vv, c))
     if not scored:
+        wide = aligned_walk_vector(spec, v)
+        if wide > v:
+            reasons.append(
+                f"aligned-start walk: vector {wide}; each row is walked from its start rounded "
+                f"down to {wide} elements (a masked head up to the first aligned column, whole "
+                "vectors after it), as the rows start unaligned only by their stride"
+            )
+            return schedule_looped(spec, dev, wide, reasons, backend=backend, align_walk=True)
         return schedule_looped(spec, dev, v, reasons, backend=backend)
     _, why, v_best, best = max(scored, key=lambda x: (x[0], x[3].threads_per_row))
     if v_best != v:
@@ -318,6 +327,7 @@ def schedule_looped(
     warps: int | None = None,
     unroll: int | None = None,
     backend: Backend | str = "triton",
+    align_walk: bool = False,
 ) -> Schedule:
     # 256 threads per row, 2 chunks per iteration: 4096 fp16 elements in flight per block
     chosen_warps = warps is not None
@@ -328,7 +338,7 @@ def schedule_looped(
         unroll = 2 if spec.cols >= 2 * tpr * v else 1
     plan = looped_plan(spec)
     if not chosen_warps and plan.count > 1:
-        warps = _l2_warps(spec, dev, v, warps, unroll, backend, reasons)
+        warps = _l2_warps(spec, dev, v, warps, unroll, backend, reasons, align_walk)
         tpr = warps * 32
     reasons.append(
         f"looped: {spec.cols} columns do not fit in registers at {spec.crossing_words():.1f} "
@@ -338,22 +348,25 @@ def schedule_looped(
     online = plan.reason(spec)
     if online:
         reasons.append(online)
-    s = Schedule(
-        "inner_looped",
-        spec.rows,
-        spec.cols,
-        v,
-        tpr,
-        1,
-        unroll=unroll,
-        num_warps=warps,
-        index_bits=index_bits(spec),
-    )
+    s = _looped(spec, v, warps, unroll, align_walk)
     regs = registers(spec, s, backend)
     return _with(s, _estimate(spec, dev, s, regs, 0, spec.cols), reasons)
 
 
-def _looped(spec: KernelSpec, v: int, warps: int, unroll: int) -> Schedule:
+def aligned_walk_vector(spec: KernelSpec, v: int) -> int:
+    """The vector of an aligned-start walk over rows that start unaligned only by their
+    stride (fuser/plan/build.py aligned_walk), or `v` where none applies. The walk needs
+    a head and a body: at least two iterations of 8 warps x 2 chunks."""
+    fulls = spec.full_args()
+    wide = max(16 // max((a.dtype.itemsize for a in fulls), default=4), 1)
+    if wide <= v or spec.cols < 2 * 2 * 256 * wide or not aligned_walk(spec, wide)[0]:
+        return v
+    return wide
+
+
+def _looped(
+    spec: KernelSpec, v: int, warps: int, unroll: int, align_walk: bool = False
+) -> Schedule:
     return Schedule(
         "inner_looped",
         spec.rows,
@@ -364,6 +377,7 @@ def _looped(spec: KernelSpec, v: int, warps: int, unroll: int) -> Schedule:
         unroll=unroll,
         num_warps=warps,
         index_bits=index_bits(spec),
+        align_walk=align_walk,
     )
 
 
@@ -380,6 +394,7 @@ def _l2_warps(
     unroll: int,
     backend: Backend,
     reasons: list[str],
+    align_walk: bool = False,
 ) -> int:
     """Warps of a looped kernel that reads its row more than once: the resident rows
     (one a block) times the row's bytes stay within L2_ROWS_SHARE of the L2, so the later
@@ -389,7 +404,7 @@ def _l2_warps(
     budget = int(dev.l2_bytes * L2_ROWS_SHARE)
 
     def in_flight(w: int) -> int:
-        regs = registers(spec, _looped(spec, v, w, unroll), backend)
+        regs = registers(spec, _looped(spec, v, w, unroll, align_walk), backend)
         return dev.sms * max(dev.blocks_per_sm(w * 32, regs), 1)
 
     rows = in_flight(warps)
