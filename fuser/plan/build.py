@@ -250,8 +250,9 @@ def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
             raise ScheduleError(f"{spec.name}: no aligned-start walk at vector {s.vector}")
         # the tail reaches up to vector - 1 columns further (the shift)
         tail_slots = -(-(spec.cols - end + s.vector - 1) // s.chunk)
+        # the others are read at the true column (position - shift): element by element
         packs = tuple(
-            (a.name, s.vector, s.vector if a.name in names else access_width(spec, a, s.vector))
+            (a.name, s.vector, s.vector if a.name in names else access_width(spec, a, 1))
             for a in spec.args
         )
         walk = dict(
