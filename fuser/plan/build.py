@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fuser.errors import ScheduleError
 from fuser.ir.dtypes import accumulator
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import REDUCE, Op
 from fuser.plan.kernel_plan import KernelPlan, RowPass, Workspace
 from fuser.schedulers.online import looped_plan
 from fuser.schedulers.schedule import Schedule
-from fuser.errors import ScheduleError
 from fuser.schedulers.spec import Arg, KernelSpec, access_width
 from fuser.segmenter import Kind
 

@@ -259,7 +259,7 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
             sc, why = _score(spec, dev, c, itemsize, backend)
             scored.append((sc * (1.0 if vv == v else 0.99), why, vv, c))
     if not scored:
-        wide = aligned_walk_vector(spec, v)
+        wide = aligned_walk_vector(spec, v) if backend.limits.aligned_walk else v
         if wide > v:
             reasons.append(
                 f"aligned-start walk: vector {wide}; each row is walked from its start rounded "
@@ -337,7 +337,7 @@ def schedule_looped(
     if unroll is None:
         unroll = 2 if spec.cols >= 2 * tpr * v else 1
     plan = looped_plan(spec)
-    if not chosen_warps and plan.count > 1:
+    if not chosen_warps and plan.count > 1 and get_backend(backend).limits.l2_rows_cap:
         warps = _l2_warps(spec, dev, v, warps, unroll, backend, reasons, align_walk)
         tpr = warps * 32
     reasons.append(

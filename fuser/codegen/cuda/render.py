@@ -144,9 +144,9 @@ class CudaKernelWriter(CudaExpressions):
         step = "k" if a.col_stride == 1 else f"k * {a.col_stride}"
         mem, el = f"{a.name}_ptr[{self.offset(a)} + {step}]", f"{arr}[k]"
         one = f"{el} = {mem};" if load else f"{mem} = {el};"
-        whole, part = (
-            ("col >= 0", "col + k >= 0") if r.head else (f"col + {r.width} <= COLS", "col + k < COLS")
-        )
+        whole, part = (f"col + {r.width} <= COLS", "col + k < COLS")
+        if r.head:
+            whole, part = "col >= 0", "col + k >= 0"
         return [
             f"if ({whole}) {{",
             *(self.w.unit + x for x in stmts),

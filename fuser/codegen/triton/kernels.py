@@ -249,7 +249,7 @@ def inner_looped(kw: TritonKernelWriter) -> str:
         if full_outs:
             cone = _cone(spec, full_outs, {Kind.FULL, Kind.COL}, spec.rounds + 1)
             w.comment("output pass")
-            edges = ((head, 1), (body, full_end > start), (tail_chunk, tail))
+            edges = ((head, head is not None), (body, full_end > start), (tail_chunk, tail))
             for chunk, ctx in edges:
                 if not ctx:
                     continue

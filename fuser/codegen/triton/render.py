@@ -392,8 +392,11 @@ class TritonKernelWriter:
                 f"aligned-start walk: the row starts `shift` elements past a {a}-element "
                 "boundary;\nits columns are walked from there (column = position - shift)"
             )
-            self.w.line(f"shift = (rows * {st}) % {a}")
-            self.w.line(f"row_base = tl.multiple_of(rows * {st} - shift, [{a}, {a}])")
+            # one row a program (a looped kernel): scalars, so multiple_of is a plain hint
+            wide = ".to(tl.int64)" if self.s.index_bits == 64 else ""
+            self.w.line(f"row_start = {pid}{wide} * {st}")
+            self.w.line(f"shift = row_start % {a}")
+            self.w.line(f"row_base = tl.multiple_of(row_start - shift, {a})")
 
     def col_setup(self, chunk: Chunk) -> None:
         sfx = chunk.suffix()
