@@ -27,6 +27,7 @@ from fuser.schedulers.spec import Arg, KernelSpec
 IGNORED_BY = {
     "cuda": {
         "tail": "a CUDA thread covers the tail chunk with tail_vector elements, made from it",
+        "walk_args": "the CUDA renderer takes each argument's access width from packs",
     },
     "triton": {
         "unroll": "Triton chooses its own unroll: it walks walk_width (chunk x unroll) "
