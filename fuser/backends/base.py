@@ -53,6 +53,15 @@ class Limits:
     prefetch_max_blocks_per_sm: int = 1
     # the outer reduction's cost model (its docstring cites the measurements)
     outer: OuterModel = OuterModel()
+    # the looped renderer walks rows that start unaligned from an aligned column
+    # (Schedule.align_walk) at registers the estimate predicts
+    aligned_walk: bool = False
+    # a looped kernel reading its row twice may take more warps a block so that its
+    # resident rows fit in the L2 (heuristics._l2_warps). Off until the looped register
+    # estimate is calibrated at 16 and 32 warps: ptxas (sm_90) gave softmax bf16 50257 at
+    # 32 warps 44 registers (CUDA, est. 30: 1 block/SM, not 2) and cross-entropy bf16
+    # 128256 at 16 warps 64 (CUDA, est. 78) / 102 (Triton, est. 82)
+    l2_rows_cap: bool = False
 
 
 class Backend:

@@ -24,6 +24,8 @@ class TritonBackend(Backend):
     # trip a halving of thread rows (combine_us), and the stream needs more warps a SM
     # than CUDA's (warps_exp). Fitted choice within 4.3% of the fastest at each shape (the
     # old model's 24-45%)
+    # no aligned_walk: Triton renders it (tests run it in the interpreter), but ptxas gave the
+    # cross-entropy bf16 50257 walk 212 registers against an estimate of 81 (1 block/SM)
     limits = Limits(
         masked_outer_tail=True,
         prefetch=True,

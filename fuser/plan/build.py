@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fuser.errors import ScheduleError
 from fuser.ir.dtypes import accumulator
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import REDUCE, Op
 from fuser.plan.kernel_plan import KernelPlan, RowPass, Workspace
 from fuser.schedulers.online import looped_plan
 from fuser.schedulers.schedule import Schedule
-from fuser.schedulers.spec import KernelSpec, access_width
+from fuser.schedulers.spec import Arg, KernelSpec, access_width
 from fuser.segmenter import Kind
 
 PER_THREAD = (Kind.ROW, Kind.SCALAR)
@@ -218,10 +219,45 @@ def plan_inner_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
     )
 
 
+def aligned_walk(spec: KernelSpec, v: int) -> tuple[int, tuple[str, ...]]:
+    """(the row stride, the arguments) of an aligned-start walk at vector `v`, or (0, ())
+    where none helps: every loaded FULL argument is contiguous along the row, its pointer
+    16-byte aligned (well, v elements), and its rows start at the same offset modulo v
+    (one shift for all), which is not 0 (else the rows are aligned already). Outputs with
+    that stride take whole vectors too."""
+    fulls = [a for a in spec.args if a.kind == Kind.FULL]
+    loads = [a for a in fulls if not a.is_output]
+    if v < 2 or spec.rows < 2 or spec.views or not loads:
+        return 0, ()
+
+    def fits(a: Arg) -> bool:
+        return a.col_stride == 1 and a.align % (v * a.dtype.itemsize) == 0
+
+    stride = loads[0].row_stride
+    if stride % v == 0 or any(not fits(a) or (a.row_stride - stride) % v for a in loads):
+        return 0, ()
+    return stride, tuple(a.name for a in fulls if fits(a) and (a.row_stride - stride) % v == 0)
+
+
 def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
     width = s.chunk * s.unroll
     end = spec.cols // width * width
     tail_slots = -(-(spec.cols - end) // s.chunk)
+    walk: dict = {}
+    if s.align_walk:
+        stride, names = aligned_walk(spec, s.vector)
+        if not stride or end < width:
+            raise ScheduleError(f"{spec.name}: no aligned-start walk at vector {s.vector}")
+        # the tail reaches up to vector - 1 columns further (the shift)
+        tail_slots = -(-(spec.cols - end + s.vector - 1) // s.chunk)
+        # the others are read at the true column (position - shift): element by element
+        packs = tuple(
+            (a.name, s.vector, s.vector if a.name in names else access_width(spec, a, 1))
+            for a in spec.args
+        )
+        walk = dict(
+            walk_align=s.vector, walk_stride=stride, walk_args=names, packs=packs, col_guard=True
+        )
     return _common(
         spec,
         s,
@@ -229,6 +265,7 @@ def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
         walk_width=width,
         walk_end=end,
         walk_tail_slots=tail_slots,
+        **walk,
     )
 
 

@@ -27,6 +27,7 @@ from fuser.schedulers.spec import Arg, KernelSpec
 IGNORED_BY = {
     "cuda": {
         "tail": "a CUDA thread covers the tail chunk with tail_vector elements, made from it",
+        "walk_args": "the CUDA renderer takes each argument's access width from packs",
     },
     "triton": {
         "unroll": "Triton chooses its own unroll: it walks walk_width (chunk x unroll) "
@@ -126,6 +127,15 @@ class KernelPlan:
     walk_width: int = 0
     walk_end: int = 0
     walk_tail_slots: int = 0
+    # inner looped, aligned-start walk (0: off): rows whose start is not 16-byte aligned
+    # (a contiguous odd width) are walked from their start rounded down to walk_align
+    # elements: shift = (row * walk_stride) % walk_align, column = position - shift. The
+    # first iteration (a masked head: columns < 0 are off) ends on an aligned column, the
+    # body walks [walk_width, walk_end) unmasked, then the tail; the arguments of
+    # walk_args (row stride = walk_stride mod walk_align) take whole vectors.
+    walk_align: int = 0
+    walk_stride: int = 0
+    walk_args: tuple[str, ...] = ()
     # the finalize launch adding the workspaces' partials (0 threads: no finalize): its
     # grid of column tiles, finalize_tpr threads x vector columns a block, finalize_rows
     # thread rows each adding every finalize_rows-th partial, combined in a fixed order
@@ -214,10 +224,19 @@ class KernelPlan:
             )
         if self.walk_width:
             rest = self.cols - self.walk_end
-            lines.append(
-                f"  row walk: {self.walk_width} columns an iteration up to {self.walk_end}"
-                + (f", then a tail of {rest}" if rest else "")
-            )
+            if self.walk_align:
+                lines.append(
+                    f"  row walk: from the row start rounded down to {self.walk_align} "
+                    f"elements (shift = row * {self.walk_stride} % {self.walk_align}): a "
+                    f"masked head of {self.walk_width}, {self.walk_width} columns an "
+                    f"iteration up to {self.walk_end}, then a tail of {rest} + shift; "
+                    f"whole vectors for {', '.join(self.walk_args)}"
+                )
+            else:
+                lines.append(
+                    f"  row walk: {self.walk_width} columns an iteration up to {self.walk_end}"
+                    + (f", then a tail of {rest}" if rest else "")
+                )
         guards = [
             g
             for g, on in (

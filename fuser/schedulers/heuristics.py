@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from fuser.backends.base import Backend
 from fuser.backends.registry import get_backend
 from fuser.errors import ScheduleError
+from fuser.plan.build import aligned_walk
 from fuser.schedulers.common import (
     _estimate,
     _with,
@@ -54,6 +55,10 @@ TARGET_WARPS_PER_SM = 16
 MAX_BATCH = 8
 # More rows per block than this grew registers beyond the model (1536 x rpb 8: 112 vs 85).
 MAX_ROWS_PER_BLOCK = 4
+# A looped kernel that reads its row twice keeps its resident rows within this share of
+# the L2, so the second read hits (the rest holds the gradient's written lines and other
+# traffic): at 8192x50257 bf16, 6 blocks/SM x 132 x 100 KB = 80 MB did not fit in 50 MB.
+L2_ROWS_SHARE = 0.8
 
 
 # -- pointwise ---------------------------------------------------------------------
@@ -254,6 +259,14 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
             sc, why = _score(spec, dev, c, itemsize, backend)
             scored.append((sc * (1.0 if vv == v else 0.99), why, vv, c))
     if not scored:
+        wide = aligned_walk_vector(spec, v) if backend.limits.aligned_walk else v
+        if wide > v:
+            reasons.append(
+                f"aligned-start walk: vector {wide}; each row is walked from its start rounded "
+                f"down to {wide} elements (a masked head up to the first aligned column, whole "
+                "vectors after it), as the rows start unaligned only by their stride"
+            )
+            return schedule_looped(spec, dev, wide, reasons, backend=backend, align_walk=True)
         return schedule_looped(spec, dev, v, reasons, backend=backend)
     _, why, v_best, best = max(scored, key=lambda x: (x[0], x[3].threads_per_row))
     if v_best != v:
@@ -314,14 +327,19 @@ def schedule_looped(
     warps: int | None = None,
     unroll: int | None = None,
     backend: Backend | str = "triton",
+    align_walk: bool = False,
 ) -> Schedule:
     # 256 threads per row, 2 chunks per iteration: 4096 fp16 elements in flight per block
+    chosen_warps = warps is not None
     if warps is None:
         warps = 8 if spec.cols >= 8 * 32 * v else max(1, pow2_floor(spec.cols // (32 * v)))
     tpr = warps * 32
     if unroll is None:
         unroll = 2 if spec.cols >= 2 * tpr * v else 1
     plan = looped_plan(spec)
+    if not chosen_warps and plan.count > 1 and get_backend(backend).limits.l2_rows_cap:
+        warps = _l2_warps(spec, dev, v, warps, unroll, backend, reasons, align_walk)
+        tpr = warps * 32
     reasons.append(
         f"looped: {spec.cols} columns do not fit in registers at {spec.crossing_words():.1f} "
         f"words/element; {len(plan.passes)} pass(es) over the row, {tpr * v * unroll} "
@@ -330,19 +348,78 @@ def schedule_looped(
     online = plan.reason(spec)
     if online:
         reasons.append(online)
-    s = Schedule(
+    s = _looped(spec, v, warps, unroll, align_walk)
+    regs = registers(spec, s, backend)
+    return _with(s, _estimate(spec, dev, s, regs, 0, spec.cols), reasons)
+
+
+def aligned_walk_vector(spec: KernelSpec, v: int) -> int:
+    """The vector of an aligned-start walk over rows that start unaligned only by their
+    stride (fuser/plan/build.py aligned_walk), or `v` where none applies. The walk needs
+    a head and a body: at least two iterations of 8 warps x 2 chunks."""
+    fulls = spec.full_args()
+    wide = max(16 // max((a.dtype.itemsize for a in fulls), default=4), 1)
+    if wide <= v or spec.cols < 2 * 2 * 256 * wide or not aligned_walk(spec, wide)[0]:
+        return v
+    return wide
+
+
+def _looped(
+    spec: KernelSpec, v: int, warps: int, unroll: int, align_walk: bool = False
+) -> Schedule:
+    return Schedule(
         "inner_looped",
         spec.rows,
         spec.cols,
         v,
-        tpr,
+        warps * 32,
         1,
         unroll=unroll,
         num_warps=warps,
         index_bits=index_bits(spec),
+        align_walk=align_walk,
     )
-    regs = registers(spec, s, backend)
-    return _with(s, _estimate(spec, dev, s, regs, 0, spec.cols), reasons)
+
+
+def row_read_bytes(spec: KernelSpec) -> int:
+    """Bytes of one row of the FULL inputs: what a later pass over the row reads again."""
+    return spec.cols * sum(a.dtype.itemsize for a in spec.full_args() if not a.is_output)
+
+
+def _l2_warps(
+    spec: KernelSpec,
+    dev: Device,
+    v: int,
+    warps: int,
+    unroll: int,
+    backend: Backend,
+    reasons: list[str],
+    align_walk: bool = False,
+) -> int:
+    """Warps of a looped kernel that reads its row more than once: the resident rows
+    (one a block) times the row's bytes stay within L2_ROWS_SHARE of the L2, so the later
+    passes find the row there instead of in DRAM. More warps a block means fewer resident
+    blocks (by threads and registers) and more bytes in flight per row."""
+    row = row_read_bytes(spec)
+    budget = int(dev.l2_bytes * L2_ROWS_SHARE)
+
+    def in_flight(w: int) -> int:
+        regs = registers(spec, _looped(spec, v, w, unroll, align_walk), backend)
+        return dev.sms * max(dev.blocks_per_sm(w * 32, regs), 1)
+
+    rows = in_flight(warps)
+    if rows * row <= budget or spec.rows <= rows:
+        return warps
+    first = rows
+    while rows * row > budget and warps * 32 < backend.limits.max_threads:
+        warps *= 2
+        rows = in_flight(warps)
+    reasons.append(
+        f"L2: {first} resident rows x {row // 1024} KB = {first * row >> 20} MB would outgrow "
+        f"{L2_ROWS_SHARE:.0%} of the {dev.l2_bytes >> 20} MB L2 before the next pass reads the "
+        f"row again; {warps} warps a block keep {rows} rows ({rows * row >> 20} MB) resident"
+    )
+    return warps
 
 
 def choose_schedule(spec: KernelSpec, dev: Device, backend: Backend | str = "triton") -> Schedule:

@@ -179,6 +179,22 @@ CUDA_LOOPED_BASE = 22
 # class indices compared with a target: cross-entropy at 50257 v1 +9, 128256 fp32 v4 x2
 # +18, bf16 v8 x2 +47 over the base; measured with the online max-and-sum pass).
 CUDA_LOOPED_PER_INT64_ELEMENT = 3
+# The aligned-start walk's head (its slots predicated per element, the shift live through
+# the row): ptxas (sm_90) gave softmax bf16 50257 v8 x2 46 registers (base model 30) and
+# cross-entropy fp32 50257 v4 x2 75 (54).
+# With an int64 row (cross-entropy's class iota) the walk cost 21 more at 8 elements an
+# iteration (fp32 v4 x2: 75 against 54) and 1 at 16 (bf16 v8 x2: 79 against 78): a
+# two-point fit, to be refitted as more walks are compiled.
+CUDA_ALIGNED_WALK = 16
+
+
+def aligned_walk_registers(spec: KernelSpec, per_thread: int) -> int:
+    """Registers a CUDA aligned-start walk adds to the looped estimate."""
+    if _int64_row(spec):
+        return max(0, math.ceil(41 - 2.5 * per_thread))
+    return CUDA_ALIGNED_WALK
+
+
 # Column reduction: ~12 plus one accumulator per column per reduction plus the input
 # words of the rows in flight.
 CUDA_OUTER_BASE = 12
@@ -219,6 +235,8 @@ def cuda_registers(plan: KernelPlan) -> int:
         regs = CUDA_LOOPED_BASE + math.ceil(per_thread * _words(spec, (Kind.FULL,)))
         if _int64_row(spec):
             regs += CUDA_LOOPED_PER_INT64_ELEMENT * per_thread
+        if s.walk_align:
+            regs += aligned_walk_registers(spec, per_thread)
     elif s.kind == "outer_reduction":
         in_flight = max(s.rows_per_block // (s.threads // s.threads_per_row), 1)
         regs = CUDA_OUTER_BASE + s.vector * len(spec.reductions)

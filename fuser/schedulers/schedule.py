@@ -62,6 +62,9 @@ class Schedule:
     # walking row blocks N apart and loading the next row while it reduces this one.
     # inner_outer: the blocks of the grid-stride row loop (no prefetch)
     programs: int = 0
+    # inner_looped: walk each row from its start rounded down to `vector` elements (rows of
+    # an odd width start unaligned; the walk keeps whole vectors: fuser/plan/build.py)
+    align_walk: bool = False
     estimate: Estimate | None = None
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
@@ -101,6 +104,8 @@ class Schedule:
             s += f" {'blocks' if self.kind == 'inner_outer' else 'prefetch'}{self.programs}"
         if self.unroll > 1:
             s += f" unroll{self.unroll}"
+        if self.align_walk:
+            s += " aligned-walk"
         if self.split_rows > 1 and self.kind != "inner_outer":
             s += f" split{self.split_rows}"
             if self.finalize_cols:
@@ -131,6 +136,8 @@ class Schedule:
                 raise ScheduleError(
                     f"finalize_cols {f} is not a power of two times the vector {self.vector}"
                 )
+        if self.align_walk and self.kind != "inner_looped":
+            raise ScheduleError("an aligned-start walk is a looped kernel's")
         if self.kind == "inner_outer":
             if not self.programs or self.split_rows != self.grid[0]:
                 raise ScheduleError(

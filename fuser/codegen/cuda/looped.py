@@ -39,21 +39,36 @@ def inner_looped(kw: CudaKernelWriter) -> str:
         kw.constants(COLS=spec.cols, V=v, CHUNK=chunk, WIDTH=width, FULL_END=full_end)
         w.line("const int lane = threadIdx.x;")
         w.line(f"const {kw.idx} row = blockIdx.x;")
+        start, sh = ("WIDTH", " - shift") if s.walk_align else ("0", "")
+        if s.walk_align:
+            w.comment(
+                f"aligned-start walk: the row starts `shift` elements past a {s.walk_align}-"
+                "element boundary;\nits columns are walked from there (a masked head, then "
+                "whole vectors)",
+                "//",
+            )
+            w.line(f"const int shift = (int)((row * {s.walk_stride}) % {s.walk_align});")
         kw.scalar_prologue()
         kw.thread_inputs((Kind.ROW,), None)
         kw.thread_nodes(row_nodes(kw, 0), "lane == 0")
 
         def walk(nodes: list[Node], reds: list[Node], pairs: list[OnlinePair] = ()) -> None:
             nest = Nest([], unroll, "u", nodes, reductions=reds, store_when={Kind.COL: "row == 0"})
-            if full_end:
+            if s.walk_align:
+                w.comment("the head: the columns before the first aligned one are off", "//")
+                with w.block("{", "}"):
+                    setup = [f"const int col = u * CHUNK + lane * V{sh};"]
+                    nest.regions = [replace(slot_region("u", unroll, setup, v), head=True)]
+                    _emit_looped_nest(kw, nest, pairs)
+            if full_end > (width if s.walk_align else 0):
                 w.line("#pragma unroll 1")
-                with w.block("for (int off = 0; off < FULL_END; off += WIDTH) {", "}"):
-                    setup = ["const int col = off + u * CHUNK + lane * V;"]
+                with w.block(f"for (int off = {start}; off < FULL_END; off += WIDTH) {{", "}"):
+                    setup = [f"const int col = off + u * CHUNK + lane * V{sh};"]
                     nest.regions = [slot_region("u", unroll, setup, v)]
                     _emit_looped_nest(kw, nest, pairs)
             if rem:
                 exact = not s.col_guard  # the tail is whole chunks
-                setup = ["const int col = FULL_END + u * CHUNK + lane * V;"]
+                setup = [f"const int col = FULL_END + u * CHUNK + lane * V{sh};"]
                 setup += [] if exact else ["const bool col_ok = col < COLS;"]
                 w.comment(f"the last {rem} columns" + ("" if exact else ", predicated"), "//")
                 with w.block("{", "}"):

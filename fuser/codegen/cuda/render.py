@@ -57,6 +57,9 @@ class Region:
     width: int
     row_ok: str | None = None
     col_ok: str | None = None
+    # the aligned-start walk's head: the slot holding column 0 starts before it (the
+    # columns < 0 are off)
+    head: bool = False
 
 
 @dataclass
@@ -124,10 +127,12 @@ class CudaKernelWriter(CudaExpressions):
     def partial(self, r: Region) -> bool:
         """True when a guarded slot of `r` may straddle the row end (its first column in
         the row, its last not): the column count is not a multiple of the slot width."""
-        return bool(r.col_ok) and self.spec.cols % r.width != 0
+        return r.head or (bool(r.col_ok) and self.spec.cols % r.width != 0)
 
     def element_ok(self, r: Region) -> str | None:
         """The column guard of element i of a slot of `r`."""
+        if r.head:
+            return "col + i >= 0"
         return "col + i < COLS" if self.partial(r) else r.col_ok
 
     def slot_access(self, a: Arg, r: Region, arr: str, load: bool) -> list[str]:
@@ -139,12 +144,15 @@ class CudaKernelWriter(CudaExpressions):
         step = "k" if a.col_stride == 1 else f"k * {a.col_stride}"
         mem, el = f"{a.name}_ptr[{self.offset(a)} + {step}]", f"{arr}[k]"
         one = f"{el} = {mem};" if load else f"{mem} = {el};"
+        whole, part = (f"col + {r.width} <= COLS", "col + k < COLS")
+        if r.head:
+            whole, part = "col >= 0", "col + k >= 0"
         return [
-            f"if (col + {r.width} <= COLS) {{",
+            f"if ({whole}) {{",
             *(self.w.unit + x for x in stmts),
             "} else {",
             self.w.unit + "#pragma unroll",
-            f"{self.w.unit}for (int k = 0; k < {r.width}; ++k) if (col + k < COLS) {one}",
+            f"{self.w.unit}for (int k = 0; k < {r.width}; ++k) if ({part}) {one}",
             "}",
         ]
 

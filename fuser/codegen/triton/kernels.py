@@ -171,6 +171,15 @@ def inner_looped(kw: TritonKernelWriter) -> str:
     # the tail's names differ from the loop body's: Triton wants a variable's shape
     # to stay the same through a loop
     tail_chunk = Chunk("tail", f"{full_end} + ", tail_w, True)
+    # the aligned-start walk: a masked head iteration, the loop from the next one, and a
+    # tail up to vector - 1 columns longer (fuser/plan/build.py aligned_walk)
+    start = width if s.walk_align else 0
+    head = Chunk("head", "", width, True) if s.walk_align else None
+    if s.walk_align:
+        tail = spec.cols - full_end + s.walk_align - 1
+        tail_w = 1 << max(tail - 1, 0).bit_length()
+        tail_chunk = Chunk("tail", f"{full_end} + ", tail_w, True)
+    loop = f"for off in range({start}, {full_end}, {width}):"
     w.line("@triton.jit")
     with w.block(kw.signature([])):
         w.comment(
@@ -193,7 +202,7 @@ def inner_looped(kw: TritonKernelWriter) -> str:
         row_nodes(0)
         for rounds in plan.passes:
             if plan.pairs_in(rounds, spec):
-                _online_pass(kw, scalar_em, rounds, body, full_end, tail)
+                _online_pass(kw, scalar_em, rounds, body, full_end, tail, head, loop)
                 for rnd in rounds:
                     row_nodes(rnd)
                 continue
@@ -206,8 +215,8 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                     f"acc_{n.out.name} = tl.full(({s.rows_per_block}, {width}), "
                     f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
                 )
-            if full_end:
-                with w.block(f"for off in range(0, {full_end}, {width}):"):
+            if full_end > start:
+                with w.block(loop):
                     kw.col_setup(body)
                     em = Emitter(kw)
                     em.done |= scalar_em.done
@@ -219,15 +228,17 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                         w.line(f"acc_{n.out.name} = {kw.combine(n.op, f'acc_{n.out.name}', x)}")
             for n in reds:
                 w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=1)}")
-            if tail:
-                kw.col_setup(tail_chunk)
+            for edge in (head, tail_chunk if tail else None):
+                if edge is None:
+                    continue
+                kw.col_setup(edge)
                 em = Emitter(kw)
                 em.done |= scalar_em.done
                 for n in cone:
-                    em.node(n, tail_chunk)
+                    em.node(n, edge)
                 for n in reds:
-                    em.ensure_inputs(n, tail_chunk)
-                    term = kw.reduce_term(n, tail_chunk)
+                    em.ensure_inputs(n, edge)
+                    term = kw.reduce_term(n, edge)
                     w.line(f"{n.out.name} = {kw.combine(n.op, n.out.name, term)}")
             for n in reds:
                 w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
@@ -238,10 +249,11 @@ def inner_looped(kw: TritonKernelWriter) -> str:
         if full_outs:
             cone = _cone(spec, full_outs, {Kind.FULL, Kind.COL}, spec.rounds + 1)
             w.comment("output pass")
-            for chunk, ctx in ((body, full_end), (tail_chunk, tail)):
+            edges = ((head, head is not None), (body, full_end > start), (tail_chunk, tail))
+            for chunk, ctx in edges:
                 if not ctx:
                     continue
-                header = f"for off in range(0, {full_end}, {width}):" if chunk is body else None
+                header = loop if chunk is body else None
                 with w.block(header) if header else nullcontext():
                     kw.col_setup(chunk)
                     em = Emitter(kw)
@@ -259,6 +271,8 @@ def _online_pass(
     body: Chunk,
     full_end: int,
     tail: int,
+    head: Chunk | None = None,
+    loop: str = "",
 ) -> None:
     """One pass over the row for rounds r and r + 1, whose sums of exp(c * (x - max))
     are computed online (fuser/schedulers/online.py): every lane keeps a running max and
@@ -335,11 +349,15 @@ def _online_pass(
                 w.line(f"{sm} = tl.where({grow}, {sm} * {e} + 1.0, {sm} + {e})")
             w.line(f"{mx} = {kw.combine(Op.MAX, mx, f'x_{m.out.name}')}")
 
-    if full_end:
-        with w.block(f"for off in range(0, {full_end}, {width}):"):
+    if head is not None:
+        step(head)
+    start = width if head is not None else 0
+    if full_end > start:
+        with w.block(loop or f"for off in range(0, {full_end}, {width}):"):
             step(body)
-    if tail:
-        step(Chunk("tail", f"{full_end} + ", width, True))
+    # the tail: tiles as wide as the loop's (the aligned walk's may need two)
+    for k in range(-(-tail // width)):
+        step(Chunk(f"tail{k}" if k else "tail", f"{full_end + k * width} + ", width, True))
     for n in reds:
         w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=1)}")
     for m in maxes:

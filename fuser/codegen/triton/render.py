@@ -145,6 +145,9 @@ class TritonKernelWriter:
 
     def offsets(self, a: Arg, chunk: Chunk | None, rows: str = "rows") -> str:
         cols = f"cols{chunk.suffix()}" if chunk else "cols"
+        if chunk is not None and self.s.walk_align and a.name in self.s.walk_args:
+            # the aligned-start walk: the row's aligned base plus the walk position
+            return f"row_base + pos{chunk.suffix()}"
         terms = []
         if a.kind == Kind.ROW or (a.kind == Kind.FULL and self.spec.rows > 1):
             # a ROW pointer is always a [rows, 1] block, also for a single row
@@ -383,9 +386,28 @@ class TritonKernelWriter:
             self.w.line(f"rows = {pid} * {rpb} + {idx}")
         if self.row_mask:
             self.w.line("row_ok = rows < n_rows")
+        if self.s.walk_align:
+            a, st = self.s.walk_align, self.s.walk_stride
+            self.w.comment(
+                f"aligned-start walk: the row starts `shift` elements past a {a}-element "
+                "boundary;\nits columns are walked from there (column = position - shift)"
+            )
+            # one row a program (a looped kernel): scalars, so multiple_of is a plain hint
+            wide = ".to(tl.int64)" if self.s.index_bits == 64 else ""
+            self.w.line(f"row_start = {pid}{wide} * {st}")
+            self.w.line(f"shift = row_start % {a}")
+            self.w.line(f"row_base = tl.multiple_of(row_start - shift, {a})")
 
     def col_setup(self, chunk: Chunk) -> None:
         sfx = chunk.suffix()
+        if self.s.walk_align:
+            self.w.line(f"pos{sfx} = {chunk.offset}tl.arange(0, {chunk.width})[None, :]")
+            self.w.line(f"cols{sfx} = pos{sfx} - shift")
+            if chunk.index == "head":
+                self.w.line(f"col_ok{sfx} = cols{sfx} >= 0")
+            elif chunk.masked:
+                self.w.line(f"col_ok{sfx} = cols{sfx} < {self.spec.cols}")
+            return
         self.w.line(f"cols{sfx} = {chunk.offset}tl.arange(0, {chunk.width})[None, :]")
         if chunk.masked:
             self.w.line(f"col_ok{sfx} = cols{sfx} < {self.spec.cols}")
