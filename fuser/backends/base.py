@@ -71,6 +71,10 @@ class Backend:
     name: str = ""
     extension: str = ""  # of its source files
     limits: Limits = Limits()
+    # how a graph's kernels are compiled before its first call (fuser/runtime/precompile.py):
+    # "threads": compile() in a pool of threads (the compiler releases the GIL);
+    # "warmup": Triton's JIT warm-up under its async compile mode; "": at first launch
+    ahead_of_time: str = ""
 
     def render(self, plan: KernelPlan) -> str:
         """The kernel's source (with its finalize kernel, if the plan has one)."""

@@ -14,6 +14,7 @@ from fuser.schedulers.registers import cuda_registers
 class CudaBackend(Backend):
     name = "cuda"
     extension = "cu"
+    ahead_of_time = "threads"  # NVRTC releases the GIL
     # the CUDA split reduction moves whole vectors of partial sums (no masked tail)
     # prefetching is considered up to 2 blocks/SM (the CUDA model's 90% margin puts
     # 8192x20480 there, where prefetching measured 0.355 -> 0.27 ms on the H100) and taken

@@ -28,8 +28,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fuser.backends.registry import get_backend
 from fuser.config import config, debug_print
 from fuser.runtime import timing
+from fuser.runtime.cuda_backend import device_arch
 from fuser.runtime.timing import KernelTime
 
 # NVRTC and ptxas are the slow part and run outside the GIL; more threads than cores
@@ -80,9 +82,12 @@ def precompile(
     jobs: list[Callable[[], Any]] = []
     triton_gpu = []
     for k in kernels:
-        if k.backend == "cuda" and device_type == "cuda":
-            jobs.append(_cuda_job(k, ledgers, arch))
-        elif k.backend == "triton" and device_type == "cuda":
+        if device_type != "cuda":
+            continue  # interpreted or emulated: nothing to compile ahead
+        how = get_backend(k.backend).ahead_of_time
+        if how == "threads":
+            jobs.append(_compile_job(k, ledgers, arch))
+        elif how == "warmup":
             triton_gpu.append(k)
     if not jobs and not triton_gpu:
         return []
@@ -99,17 +104,17 @@ def precompile(
     return results
 
 
-def _cuda_job(k: Any, ledgers: list, arch: str | None) -> Callable[[], Any]:
-    from fuser.runtime.cuda_backend import compile_cubin, device_arch
-
+def _compile_job(k: Any, ledgers: list, arch: str | None) -> Callable[[], Any]:
+    """A pool job compiling `k` through its backend's compile() (a cubin for CUDA)."""
     if arch is None:
         import torch
 
         arch = device_arch(torch.cuda.current_device())
+    backend = get_backend(k.backend)
 
-    def job() -> bytes:
+    def job() -> Any:
         with timing.collecting_all(ledgers):
-            return compile_cubin(k.source, k.name, arch)
+            return backend.compile(k.source, k.name, arch)
 
     return job
 
