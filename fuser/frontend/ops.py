@@ -101,7 +101,10 @@ class Ops:
             raise DefinitionError(
                 f"gather_rows: table has shape {list(table.shape)}; expected [V, H]"
             )
-        checked = self.check_index(index, table.shape[0], what="index")
+        bound = table.shape[0]
+        made = next((n for n in self._b.nodes if index.value in n.outputs), None)
+        already = made is not None and made.op == Op.CHECK_INDEX and made.attr("bound") == bound
+        checked = index if already else self.check_index(index, bound, what="index")
         return self._b.add(Op.GATHER_ROWS, [table, checked], {})[0]
 
     def embedding(self, table: Tensor, index: Tensor) -> Tensor:
