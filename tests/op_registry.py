@@ -519,6 +519,26 @@ GUARD_SAMPLES = [
 ]
 
 
+def _gather_inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
+    """A [rows + 3, H] table and a [rows] index into it (repeats likely)."""
+    rows, h = shape
+    table = randn((rows + 3, h), dtype, g)
+    return [table, torch.randint(0, rows + 3, (rows,), generator=g)]
+
+
+INDEXED_SAMPLES = [
+    OpSample(
+        "gather_rows",
+        lambda fd, t, i: fd.ops.gather_rows(t, i),
+        lambda t, i: t[i],
+        _gather_inputs,
+        dtypes=FLOATS + (I64,),
+        shapes=((4, 1), (3, 7), (2, 5140)),
+        static=True,
+    ),
+]
+
+
 def _dims_name(dims: tuple) -> str:
     return "".join("L" if d == -1 else str(d) for d in dims)
 
@@ -729,6 +749,7 @@ SAMPLES: list[OpSample] = [
     *LAYOUT_SAMPLES,
     *LEAF_SAMPLES,
     *GUARD_SAMPLES,
+    *INDEXED_SAMPLES,
     *REDUCTION_SAMPLES,
     *COMPOSITE_SAMPLES,
 ]

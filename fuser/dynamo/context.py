@@ -80,6 +80,9 @@ class LowerCtx:
         # views compose into one broadcast from the source (fuser's segmenter maps values
         # of the kernel's rank, or its rows or columns, not lower-rank intermediates)
         self.broadcasts: dict[int, tuple[Tensor, tuple[int, ...]]] = {}
+        # value id -> (table, index) of every gather_rows made here: a broadcast of
+        # gathered rows is a gather at the broadcast index (broadcast)
+        self.gathers: dict[int, tuple[Tensor, Tensor]] = {}
 
     # -- operands ------------------------------------------------------------------
     def define_input(self, node: fx.Node) -> Tensor:
@@ -143,6 +146,16 @@ class LowerCtx:
             dims = [dims[d] for d in inner]
         if [int(s) for s in t.shape] == shape and dims == list(range(len(shape))):
             return t
+        gathered = self.gathers.get(t.value.id)
+        if gathered and gathered[1].ndim and dims and dims[-1] == len(shape) - 1:
+            # rows of a table broadcast over leading dims (GPT-2's position embedding
+            # over the batch): the rows at the broadcast index, so the gather fuses into
+            # the consumer; what is materialized is the [B, T] index, not [B, T, H] rows
+            table, index = gathered
+            at = self.broadcast(index, shape[:-1], dims[:-1])
+            out = self.ops.gather_rows(table, at)
+            self.gathers[out.value.id] = (table, at)
+            return out
         y = self.ops.broadcast_in_dim(t, shape=shape, broadcast_dims=dims)
         self.broadcasts[y.value.id] = (t, tuple(dims))
         return y

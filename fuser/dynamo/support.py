@@ -15,6 +15,7 @@ from torch import fx
 
 import fuser.dynamo.ce_lower  # noqa: F401  (registers the lowerings)
 import fuser.dynamo.composites  # noqa: F401
+import fuser.dynamo.indexing  # noqa: F401
 import fuser.dynamo.layout  # noqa: F401
 import fuser.dynamo.pointwise  # noqa: F401
 import fuser.dynamo.reductions  # noqa: F401
@@ -57,11 +58,18 @@ _CATEGORIES = [
         "attention: stays with ATen's SDPA kernels",
     ),
     (
+        lambda b: b.startswith("embedding_dense_backward"),
+        "embedding backward: a scatter-add; stays ATen until a deterministic (sorted or "
+        "segmented) fuser kernel lands (the forward, embedding and index_select along dim "
+        "0, lowers to gather_rows)",
+    ),
+    (
         lambda b: (
             b.startswith(("embedding", "index", "gather", "scatter", "_unsafe_index"))
             or b in {"take", "nonzero", "masked_select"}
         ),
-        "indexing/gather/scatter: fuser IR has no indexed loads or stores",
+        "indexing/gather/scatter: fuser IR reads rows at an index (gather_rows: embedding, "
+        "index_select along dim 0 of a 2-D table) and has no indexed stores",
     ),
     (
         lambda b: (

@@ -92,6 +92,34 @@ class Ops:
         attrs = index_attrs(bound, ignore, what)
         return self._b.add(Op.CHECK_INDEX, [x], attrs)[0]
 
+    # -- indexed reads -------------------------------------------------------------
+    def gather_rows(self, table: Tensor, index: Tensor) -> Tensor:
+        """Rows of a [V, H] `table` at an integer `index` of any shape: out[..., :] =
+        table[index[...], :] (shape index.shape + [H]). The index is checked first
+        (check_index: an index outside [0, V) raises OutOfBoundsError, never reads)."""
+        if table.ndim != 2:
+            raise DefinitionError(
+                f"gather_rows: table has shape {list(table.shape)}; expected [V, H]"
+            )
+        bound = table.shape[0]
+        made = next((n for n in self._b.nodes if index.value in n.outputs), None)
+        already = made is not None and made.op == Op.CHECK_INDEX and made.attr("bound") == bound
+        checked = index if already else self.check_index(index, bound, what="index")
+        return self._b.add(Op.GATHER_ROWS, [table, checked], {})[0]
+
+    def embedding(self, table: Tensor, index: Tensor) -> Tensor:
+        """torch.nn.functional.embedding's forward: gather_rows(table, index)."""
+        return self.gather_rows(table, index)
+
+    def index_select(self, table: Tensor, dim: int, index: Tensor) -> Tensor:
+        """torch.index_select along dim 0 of a 2-D table with a 1-D index."""
+        if dim % max(table.ndim, 1) != 0 or index.ndim != 1:
+            raise DefinitionError(
+                f"index_select: only dim 0 of a [V, H] table with a 1-D index (got dim {dim}, "
+                f"index of rank {index.ndim})"
+            )
+        return self.gather_rows(table, index)
+
     # -- reductions ----------------------------------------------------------------
     def _reduce(self, op: Op, x: Tensor, dims: Any, dim: Any, keepdim: bool) -> Tensor:
         attrs = {"dims": _dims(op.value, dims, dim), "keepdim": keepdim}

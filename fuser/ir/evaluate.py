@@ -164,6 +164,9 @@ def eval_node(
         return [_reduce(node, args[0])]
     if op in LAYOUT:
         return [_layout(node, args)]
+    if op == Op.GATHER_ROWS:  # the index is checked (check_index) before it gets here
+        table, index = args
+        return [table.index_select(0, index.reshape(-1)).reshape(*index.shape, table.shape[1])]
     return _composite(node, args)
 
 

@@ -227,6 +227,20 @@ def _check_index(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
     return [(x.shape, x.dtype)]
 
 
+def _gather_rows(op: Op, xs: tuple[Value, ...], attrs: dict) -> Result:
+    table, index = xs
+    if table.rank != 2:
+        raise ShapeError(
+            f"gather_rows: table {table.name} has shape {list(table.shape)}; expected [V, H]"
+        )
+    if not index.dtype.is_int:
+        raise DTypeError(
+            f"gather_rows: index {index.name} has dtype {index.dtype.value}; expected an "
+            "integer index"
+        )
+    return [(tuple(index.shape) + (table.shape[1],), table.dtype)]
+
+
 def _static_dim(op: Op, x: Value, dim: Any) -> int:
     """`dim` of `x` as a non-negative int whose size is known: layout ops are static."""
     (d,) = normalize_dims(op, x, dim)
@@ -332,6 +346,7 @@ RULES: dict[Op, Callable[[Op, tuple[Value, ...], dict], Result]] = {
     Op.LOG_SOFTMAX: _same_float,
     Op.CROSS_ENTROPY: _cross_entropy,
     Op.CHECK_INDEX: _check_index,
+    Op.GATHER_ROWS: _gather_rows,
     Op.CONST: _const,
     Op.IOTA: _iota,
     Op.SLICE: _slice,
@@ -353,6 +368,7 @@ ARITY = {
     Op.LOG_SOFTMAX: 1,
     Op.CROSS_ENTROPY: 2,
     Op.CHECK_INDEX: 1,
+    Op.GATHER_ROWS: 2,
     Op.CONST: 0,
     Op.IOTA: 0,
     Op.SLICE: 1,

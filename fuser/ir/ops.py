@@ -58,6 +58,9 @@ class Op(enum.Enum):
     # the kernel-level form of a slice or pad along the last dim: a read of a kernel input
     # through out[j] = x[scale * j + offset] for lo <= j < hi (0 elsewhere)
     VIEW = "view"
+    # an indexed row read: out[..., :] = table[index[...], :] (embedding, index_select
+    # along dim 0); a kernel reads the table at the row its ROW index names
+    GATHER_ROWS = "gather_rows"
     # guards: pass a value through, checked (fuser/ir/guards.py)
     CHECK_INDEX = "check_index"
     # reductions
@@ -109,6 +112,8 @@ ELEMENTWISE = UNARY | BINARY | TERNARY | {Op.CAST}
 # index maps: a fused kernel reads through them (fuser/passes/views.py)
 LAYOUT = frozenset({Op.SLICE, Op.PAD, Op.CAT, Op.VIEW})
 MOVEMENT = frozenset({Op.BROADCAST_IN_DIM}) | LAYOUT
+# indexed reads: a kernel loads a table input at rows an index input names
+INDEXED = frozenset({Op.GATHER_ROWS})
 # elementwise identities that check their operand: kept by every pass, fused like a unary op
 GUARD = frozenset({Op.CHECK_INDEX})
 REDUCE = frozenset({Op.SUM, Op.MAX, Op.MIN})
@@ -124,4 +129,4 @@ COMPOSITE = frozenset(
         Op.CROSS_ENTROPY,
     }
 )
-PRIMITIVE = LEAF | ELEMENTWISE | MOVEMENT | GUARD | REDUCE
+PRIMITIVE = LEAF | ELEMENTWISE | MOVEMENT | INDEXED | GUARD | REDUCE

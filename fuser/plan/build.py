@@ -227,7 +227,7 @@ def aligned_walk(spec: KernelSpec, v: int) -> tuple[int, tuple[str, ...]]:
     that stride take whole vectors too."""
     fulls = [a for a in spec.args if a.kind == Kind.FULL]
     loads = [a for a in fulls if not a.is_output]
-    if v < 2 or spec.rows < 2 or spec.views or not loads:
+    if v < 2 or spec.rows < 2 or spec.views or spec.gathers or not loads:
         return 0, ()
 
     def fits(a: Arg) -> bool:

@@ -198,7 +198,7 @@ def _flat_pointwise(seg: Segment, args: list[Arg]) -> tuple[Segment, list[Arg]] 
     layout = seg.layout
     if layout is None or layout.inner or layout.outer or len(layout.domain) < 2:
         return None
-    if any(n.op.value == "iota" for n in seg.nodes):
+    if any(n.op.value in ("iota", "gather_rows") for n in seg.nodes):
         return None
     rows, cols = layout.rows, layout.cols
     for a in args:

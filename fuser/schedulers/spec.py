@@ -12,8 +12,9 @@ from functools import cached_property
 
 from fuser.ir.dtypes import DType
 from fuser.ir.graph import Node, Value
-from fuser.ir.ops import REDUCE, Op
+from fuser.ir.ops import INDEXED, REDUCE, Op
 from fuser.segmenter import Kind, Layout, Segment
+from fuser.segmenter.classify import index_source
 
 # the parameters a kernel with check_index nodes takes after its tensors and workspaces:
 # its error record on the device and the process's flag in pinned host memory (int64
@@ -39,6 +40,15 @@ class Arg:
         return self.value.dtype
 
 
+@dataclass(frozen=True)
+class Gather:
+    """How a gathered table is read: at row `index[row]` (a ROW argument, loaded once a
+    row) when 0 <= index[row] < bound; never at a bad index (its check reports it)."""
+
+    index: Arg
+    bound: int
+
+
 def access_width(spec: KernelSpec, a: Arg, width: int) -> int:
     """Elements per access of `a` in a slot of `width` columns: the widest power of two up
     to `width` (and 16 bytes) whose accesses start aligned in every row. A slot's first
@@ -47,10 +57,10 @@ def access_width(spec: KernelSpec, a: Arg, width: int) -> int:
     if a.kind not in (Kind.FULL, Kind.COL) or a.col_stride != 1:
         return 1
     p, size = width, a.dtype.itemsize
+    # a gathered table's rows start at any of its rows, whatever the kernel's row count
+    rows = spec.rows > 1 or a.value.id in spec.gathers
     while p > 1 and (
-        a.align % (p * size)
-        or p * size > 16
-        or (a.kind == Kind.FULL and spec.rows > 1 and a.row_stride % p)
+        a.align % (p * size) or p * size > 16 or (a.kind == Kind.FULL and rows and a.row_stride % p)
     ):
         p //= 2
     return p
@@ -178,6 +188,18 @@ class KernelSpec:
     def views(self) -> tuple[Node, ...]:
         """The VIEW reads: each loads its input once more, at mapped columns."""
         return tuple(n for n in self.nodes if n.op == Op.VIEW)
+
+    @cached_property
+    def gathers(self) -> dict[int, Gather]:
+        """The gathered tables (GATHER_ROWS reads), by the table's value id: each is a FULL
+        argument loaded at row `index[row]` instead of `row`."""
+        out = {}
+        for n in self.nodes:
+            if n.op in INDEXED:
+                src = index_source(n, self.nodes)
+                index = next(a for a in self.args if a.value.id == src.id)
+                out[n.inputs[0].id] = Gather(index, int(n.inputs[0].shape[0]))
+        return out
 
     def full_args(self) -> list[Arg]:
         return [a for a in self.args if a.kind == Kind.FULL]

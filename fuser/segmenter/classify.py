@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from fuser.ir.graph import Node, Value
-from fuser.ir.ops import ELEMENTWISE, GUARD, LAYOUT, REDUCE, Op
+from fuser.ir.ops import ELEMENTWISE, GUARD, INDEXED, LAYOUT, REDUCE, Op
 
 
 class Kind(enum.Enum):
@@ -102,12 +102,17 @@ def _broadcast_source_kind(node: Node, domain: tuple[int, ...]) -> Kind:
 
 def pick_domain(nodes: list[Node]) -> tuple[int, ...]:
     """The largest shape (by rank, then elements) among the values of `nodes`."""
-    # a view's operand is read at other columns: its shape is not the kernel's
-    shapes = [
-        tuple(v.shape)
-        for n in nodes
-        for v in ((*n.inputs, *n.outputs) if n.op != Op.VIEW else n.outputs)
-    ]
+
+    # a view's operand is read at other columns and a gather's table at other rows:
+    # their shapes are not the kernel's
+    def values(n: Node) -> tuple[Value, ...]:
+        if n.op == Op.VIEW:
+            return n.outputs
+        if n.op in INDEXED:
+            return (*n.inputs[1:], *n.outputs)
+        return (*n.inputs, *n.outputs)
+
+    shapes = [tuple(v.shape) for n in nodes for v in values(n)]
     return max(shapes, key=lambda s: (len(s), math.prod(s)), default=())
 
 
@@ -141,11 +146,15 @@ def classify(nodes: list[Node]) -> Layout:
 
     produced = {v.id for node in nodes for v in node.outputs}
     views: list[Node] = []
+    gathers: list[Node] = []
     for node in nodes:
         op = node.op
         if op == Op.VIEW:
             views.append(node)
             _view_kinds(node, domain, produced, kinds)
+        elif op in INDEXED:
+            gathers.append(node)
+            _gather_kinds(node, domain, nodes, produced, kinds)
         elif op in LAYOUT:
             raise Rejected(
                 f"`{node.describe()}` is a {op.value} along dim {node.attr('dim')}: only the "
@@ -196,6 +205,11 @@ def classify(nodes: list[Node]) -> Layout:
             raise Rejected(f"no scheduler takes `{node.describe()}` ({op.value})")
     if views and (inner or outer):
         raise Rejected(f"`{views[0].describe()}`: views fuse into pointwise kernels only, so far")
+    if gathers and outer:
+        raise Rejected(
+            f"`{gathers[0].describe()}`: gathered rows fuse into pointwise and row-reduction "
+            "kernels only, so far"
+        )
     if outer:
         _check_single_round(nodes, kinds, only_columns=inner)
     return Layout(domain, tuple(kinds.items()), inner, outer)
@@ -219,6 +233,47 @@ def _view_kinds(node: Node, domain: tuple[int, ...], produced: set[int], kinds: 
     else:
         raise Rejected(f"`{node.describe()}` is neither a full tile nor a column of {list(domain)}")
     for v in (src, out):
+        if kinds.get(v.id, kind) != kind:
+            raise Rejected(
+                f"`{node.describe()}` uses {v.name} as {kind.value} and as {kinds[v.id].value}"
+            )
+        kinds[v.id] = kind
+
+
+def index_source(node: Node, nodes: list[Node] | tuple[Node, ...]) -> Value:
+    """The kernel input a gather's index is loaded from: the index itself, or the operand
+    of the check_index (in the same kernel) that produced it."""
+    index = node.inputs[1]
+    for n in nodes:
+        if n.op == Op.CHECK_INDEX and n.out.id == index.id:
+            return n.inputs[0]
+    return index
+
+
+def _gather_kinds(
+    node: Node, domain: tuple[int, ...], nodes: list[Node], produced: set[int], kinds: dict
+) -> None:
+    """A gather reads a kernel input table ([V, H], seen as FULL: its rows are read at the
+    rows its ROW index names) into a FULL value; the index is loaded from a kernel input."""
+    table, out = node.inputs[0], node.out
+    src = index_source(node, nodes)
+    for v, what in ((table, "table"), (src, "index")):
+        if v.id in produced:
+            raise Rejected(
+                f"`{node.describe()}` reads through {v.name}, but this kernel computes it; "
+                f"a gather's {what} is a kernel input"
+            )
+    if tuple(out.shape) != domain:
+        raise Rejected(f"`{node.describe()}` is not a full tile of {list(domain)}")
+    users = [n for n in nodes if table.id in (v.id for v in n.inputs)]
+    if any(n.op not in INDEXED for n in users) or any(
+        index_source(n, nodes).id != src.id for n in users
+    ):
+        raise Rejected(
+            f"`{node.describe()}`: {table.name} is used other than as a table gathered at "
+            f"{src.name} in this kernel"
+        )
+    for v, kind in ((table, Kind.FULL), (node.inputs[1], Kind.ROW), (out, Kind.FULL)):
         if kinds.get(v.id, kind) != kind:
             raise Rejected(
                 f"`{node.describe()}` uses {v.name} as {kind.value} and as {kinds[v.id].value}"

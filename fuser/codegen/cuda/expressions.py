@@ -97,6 +97,8 @@ class CudaExpressions:
             return f"({ct})(col + i)"
         if op == Op.VIEW:
             return self.view(node)
+        if op == Op.GATHER_ROWS:  # the table's load is the gathered read
+            return self.operand(node.inputs[0], ct)
         if op == Op.CAST:
             return self.cast(node.inputs[0], out.dtype)
         if op not in ELEMENTWISE:

@@ -95,11 +95,20 @@ class CudaKernelWriter(CudaExpressions):
     def offset(self, a: Arg) -> str:
         """Element offset of `a` at the scope's `row` and `col` (a slot's first column)."""
         terms = []
-        if a.kind in (Kind.FULL, Kind.ROW) and a.row_stride:
+        if a.value.id in self.spec.gathers:  # a gathered table: the row its index names
+            at = self.gather_at(a)
+            terms.append(at if a.row_stride == 1 else f"{at} * {a.row_stride}")
+        elif a.kind in (Kind.FULL, Kind.ROW) and a.row_stride:
             terms.append("row" if a.row_stride == 1 else f"row * {a.row_stride}")
         if a.kind in (Kind.FULL, Kind.COL) and a.col_stride:
             terms.append("col" if a.col_stride == 1 else f"col * {a.col_stride}")
         return " + ".join(terms) or "0"
+
+    def gather_at(self, table: Arg) -> str:
+        """The table row a gathered load reads at the scope's `row`: its index, read
+        through the const __restrict__ pointer (ptxas loads it once per slot and row)."""
+        index = self.spec.gathers[table.value.id].index
+        return f"(long long){index.name}_ptr[{self.offset(index)}]"
 
     def access(self, a: Arg, width: int, arr: str, load: bool) -> list[str]:
         """Statements moving `width` elements between `a` at (row, col) and array `arr`."""
@@ -162,6 +171,9 @@ class CudaKernelWriter(CudaExpressions):
             parts.append(region.row_ok)
         if a.kind in (Kind.FULL, Kind.COL) and region.col_ok:
             parts.append(region.col_ok)
+        g = self.spec.gathers.get(a.value.id)
+        if g is not None:  # never a read at a bad index (its check_index reports it)
+            parts.append(f"(unsigned long long){self.gather_at(a)} < {g.bound}ull")
         return " && ".join(parts) or None
 
     def guarded(self, cond: str | None, stmts: list[str]) -> None:

@@ -90,6 +90,7 @@ def inner_persistent(kw: TritonKernelWriter) -> str:
         w.line(f"pid = {pid}")
         last = spec.rows - 1
         w.line(f"first_rows = tl.minimum(pid + tl.arange(0, 1)[:, None], {last})")
+        kw.gather_loads("first_rows")
         for a, c in streamed:
             kw.load(a, c, rows="first_rows")
             em.loaded.add(em.key(a.value.id, c))
@@ -99,6 +100,7 @@ def inner_persistent(kw: TritonKernelWriter) -> str:
             w.line(f"row_ok = rows < {spec.rows}")
             w.comment("loads clamp to the last row instead of masking it")
             w.line(f"next_rows = tl.minimum(rows + {grid}, {last})")
+            kw.gather_loads("next_rows")
             for a, c in streamed:
                 kw.load(a, c, rows="next_rows", suffix="_next")
             _persistent_body(kw, em, chunks)

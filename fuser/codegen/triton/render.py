@@ -149,17 +149,42 @@ class TritonKernelWriter:
             # the aligned-start walk: the row's aligned base plus the walk position
             return f"row_base + pos{chunk.suffix()}"
         terms = []
-        if a.kind == Kind.ROW or (a.kind == Kind.FULL and self.spec.rows > 1):
+        if a.value.id in self.spec.gathers:  # a gathered table: the row its index names
+            at = self.gather_index(a, rows)
+            terms.append(f"{at} * {a.row_stride}" if a.row_stride != 1 else at)
+        elif a.kind == Kind.ROW or (a.kind == Kind.FULL and self.spec.rows > 1):
             # a ROW pointer is always a [rows, 1] block, also for a single row
             terms.append(f"{rows} * {a.row_stride}" if a.row_stride != 1 else rows)
         if a.kind in (Kind.FULL, Kind.COL):
             terms.append(f"{cols} * {a.col_stride}" if a.col_stride != 1 else cols)
         return " + ".join(terms) if terms else "0"
 
+    def gather_index(self, table: Arg, rows: str) -> str:
+        """The name of the row of `table` that row block `rows` reads (gather_loads)."""
+        return f"{table.name}_at" + ("" if rows == "rows" else f"_{rows}")
+
+    def gather_loads(self, rows: str = "rows") -> None:
+        """Each gathered table's row index, loaded once for row block `rows` (a clamped
+        prefetch row needs no mask), and whether it is in range: a bad index is never
+        read (its check_index reports it)."""
+        for tid, g in self.spec.gathers.items():
+            table, index = self.args[tid], g.index
+            at = self.gather_index(table, rows)
+            off = f"{rows} * {index.row_stride}" if index.row_stride != 1 else rows
+            m = ", mask=row_ok, other=0" if self.row_mask and rows == "rows" else ""
+            self.w.comment(f"{table.name}'s rows at {index.name} (gather_rows), once a row")
+            self.w.line(f"{at} = tl.load({index.name}_ptr + {off}{m})")
+            if table.row_stride * g.bound >= 2**31 and index.dtype.itemsize < 8:
+                self.w.line(f"{at} = {at}.to(tl.int64)")
+            self.w.line(f"{at}_ok = ({at} >= 0) & ({at} < {g.bound})")
+
     # -- emission ------------------------------------------------------------------
     def load(self, a: Arg, chunk: Chunk | None, rows: str = "rows", suffix: str = "") -> None:
         # a clamped row index (a prefetch) needs no row mask
         m = self.mask(a.kind, chunk, rows_masked=rows == "rows")
+        if a.value.id in self.spec.gathers:
+            ok = f"{self.gather_index(a, rows)}_ok"
+            m = ok if m is None else f"{m} & {ok}"
         # masked-off lanes are computed but never stored or reduced: 1 keeps x / y, log,
         # rsqrt and pow finite there, where 0 made 0 / 0, -inf and inf (numpy warnings in
         # the interpreter); a GPU loads either constant alike. 1.0 for floats: the
@@ -167,6 +192,10 @@ class TritonKernelWriter:
         other = "1.0" if a.dtype.is_float else "1"
         mask = f", mask={m}, other={other}" if m else ""
         target = self.name(a.value, chunk) + suffix
+        tables = [t for t, g in self.spec.gathers.items() if g.index.name == a.name]
+        if tables and rows == "rows" and not suffix:  # loaded once a row already
+            self.w.line(f"{target} = {self.gather_index(self.args[tables[0]], rows)}")
+            return
         self.w.line(f"{target} = tl.load({a.name}_ptr + {self.offsets(a, chunk, rows)}{mask})")
 
     def store(self, a: Arg, chunk: Chunk | None) -> None:
@@ -335,6 +364,8 @@ class TritonKernelWriter:
             self.view(node, chunk)
         elif node.op == Op.CHECK_INDEX:
             self.check_index(node, chunk)
+        elif node.op == Op.GATHER_ROWS:  # the table's load is the gathered read
+            self.w.line(f"{self.name(node.out, chunk)} = {self.name(node.inputs[0], chunk)}")
         elif node.op in ELEMENTWISE:
             self.elementwise(node, chunk)
         else:
@@ -386,6 +417,7 @@ class TritonKernelWriter:
             self.w.line(f"rows = {pid} * {rpb} + {idx}")
         if self.row_mask:
             self.w.line("row_ok = rows < n_rows")
+        self.gather_loads()
         if self.s.walk_align:
             a, st = self.s.walk_align, self.s.walk_stride
             self.w.comment(
