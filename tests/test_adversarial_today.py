@@ -46,3 +46,15 @@ def test_aligned_walk_inputs_of_different_row_strides(
     (k,) = fd.kernels
     assert k.schedule.align_walk and len(k.plan.walk_args) == 3, k.schedule.explain()
     torch.testing.assert_close(out, torch.softmax(x + y, 1), rtol=1e-5, atol=1e-7)
+
+
+def test_flag_options_take_booleans_only() -> None:
+    """options={"cudagraphs": "no"} turned CUDA graphs on (a truthy string)."""
+    from fuser.dynamo import FuserBackend
+
+    backend = FuserBackend()
+    for key in ("cudagraphs", "triton.cudagraphs", "strict", "check"):
+        with pytest.raises(ValueError, match=f"option '{key}' takes True or False"):
+            backend._with(None, {key: "no"})
+    assert not backend._with(None, {"cudagraphs": False}).cudagraphs
+    assert backend._with(None, {"check": True}).check
