@@ -58,3 +58,35 @@ def test_flag_options_take_booleans_only() -> None:
             backend._with(None, {key: "no"})
     assert not backend._with(None, {"cudagraphs": False}).cudagraphs
     assert backend._with(None, {"check": True}).check
+
+
+def test_attention_template_bf16_on_cpu_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FUSER_ATTENTION=template with bf16 q/k/v on the CPU: Triton's interpreter takes a
+    bf16 tl.dot's operands as integers (outputs of 1e9); SDPA keeps it, and explain
+    says why."""
+    import torch.nn.functional as F
+
+    import fuser
+    from fuser.config import config
+    from fuser.dynamo import FuserBackend
+
+    monkeypatch.setattr(config, "attention", "template")
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 9, 16, generator=g).bfloat16() for _ in range(3))
+
+    def f(q, k, v):  # noqa: ANN001, ANN202
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    b = FuserBackend()
+    qc, kc, vc = (x.clone().requires_grad_() for x in (q, k, v))
+    got = torch.compile(f, backend=b)(qc, kc, vc)
+    got.float().sum().backward()
+    qe, ke, ve = (x.clone().requires_grad_() for x in (q, k, v))
+    want = f(qe, ke, ve)
+    want.float().sum().backward()
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    for x, y in ((qc, qe), (kc, ke), (vc, ve)):
+        torch.testing.assert_close(x.grad, y.grad, atol=2e-2, rtol=2e-2)
+    assert "bf16 on the CPU" in str(fuser.explain(b))
+    torch._dynamo.reset()
