@@ -90,3 +90,15 @@ def test_attention_template_bf16_on_cpu_falls_back(monkeypatch: pytest.MonkeyPat
         torch.testing.assert_close(x.grad, y.grad, atol=2e-2, rtol=2e-2)
     assert "bf16 on the CPU" in str(fuser.explain(b))
     torch._dynamo.reset()
+
+
+def test_fusion_name_that_is_no_identifier(backend: str) -> None:
+    """A FusionDefinition named "3d col-sum" made kernels of that name: generated source
+    that did not parse (Triton: SyntaxError 'invalid decimal literal')."""
+    with FusionDefinition("3d col-sum (test)") as fd:
+        x = fd.define_tensor([-1, -1], torch.float32)
+        fd.add_output(fd.ops.sum(fd.ops.mul(x, x), dims=[0]))
+    x = torch.randn(37, 5)
+    (out,) = fd.execute([x], backend=backend)
+    torch.testing.assert_close(out, (x * x).sum(0), rtol=1e-5, atol=1e-5)
+    assert fd.name == "f_3d_col_sum__test_"
