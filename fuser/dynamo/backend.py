@@ -175,6 +175,9 @@ class FuserBackend:
                 raise ValueError(
                     f"fuser: unknown option {key!r}; the options are {', '.join(OPTIONS)}"
                 )
+            if name != "partition" and not isinstance(value, bool):
+                # "no" or "false" would otherwise turn the setting on
+                raise ValueError(f"fuser: option {key!r} takes True or False, not {value!r}")
             settings[name] = value
         other = FuserBackend(**settings)
         other.captures = self.captures

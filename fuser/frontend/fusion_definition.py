@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ class FusionDefinition:
     """
 
     def __init__(self, name: str | None = None, relaxed_precision: bool = False):
-        self.name = name or "fusion"
+        self.name = _identifier(name or "fusion")
         self.relaxed_precision = relaxed_precision
         self._builder = GraphBuilder()
         self.ops = Ops(self._builder)
@@ -149,3 +150,11 @@ class FusionDefinition:
 
     def __repr__(self) -> str:
         return graph_repro(self.graph)
+
+
+def _identifier(name: str) -> str:
+    """The fusion's name as its kernels' names start (a Python and C++ identifier): other
+    characters become "_", and a leading digit gets "f_" ("3d col sum" -> "f_3d_col_sum";
+    the name went into the generated source as it was: a SyntaxError)."""
+    out = re.sub(r"[^0-9A-Za-z_]", "_", name)
+    return out if not out[:1].isdigit() else f"f_{out}"

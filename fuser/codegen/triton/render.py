@@ -146,8 +146,10 @@ class TritonKernelWriter:
     def offsets(self, a: Arg, chunk: Chunk | None, rows: str = "rows") -> str:
         cols = f"cols{chunk.suffix()}" if chunk else "cols"
         if chunk is not None and self.s.walk_align and a.name in self.s.walk_args:
-            # the aligned-start walk: the row's aligned base plus the walk position
-            return f"row_base + pos{chunk.suffix()}"
+            # the aligned-start walk: the row's aligned base plus the walk position (an
+            # argument of another row stride, the same modulo the vector, has its own base)
+            base = "row_base" if a.row_stride == self.s.walk_stride else f"row_base_{a.name}"
+            return f"{base} + pos{chunk.suffix()}"
         terms = []
         if a.value.id in self.spec.gathers:  # a gathered table: the row its index names
             at = self.gather_index(a, rows)
@@ -429,6 +431,10 @@ class TritonKernelWriter:
             self.w.line(f"row_start = {pid}{wide} * {st}")
             self.w.line(f"shift = row_start % {a}")
             self.w.line(f"row_base = tl.multiple_of(row_start - shift, {a})")
+            for arg in self.spec.args:
+                if arg.name in self.s.walk_args and arg.row_stride != st:
+                    start = f"{pid}{wide} * {arg.row_stride} - shift"
+                    self.w.line(f"row_base_{arg.name} = tl.multiple_of({start}, {a})")
 
     def col_setup(self, chunk: Chunk) -> None:
         sfx = chunk.suffix()
