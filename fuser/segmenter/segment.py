@@ -97,12 +97,8 @@ def segment(graph: Graph, split: frozenset[int] = frozenset()) -> list[Segment]:
             gg.add_edge(a, b)
             if other_path:
                 continue
-            merged = sorted(groups[a] + groups[b], key=order.__getitem__)
-            if _try(consts_for(merged, consts) + merged, split) is None:
+            if not _merge(groups, group_of, consts, order, a, b, split):
                 continue
-            groups[a] = merged
-            for n in groups.pop(b):
-                group_of[n] = a
             changed = True
             break
     _merge_siblings(groups, group_of, consts, order, group_graph, split)
@@ -119,6 +115,25 @@ def segment(graph: Graph, split: frozenset[int] = frozenset()) -> list[Segment]:
             layout, reason = None, str(e)
         segments.append(Segment(i, tuple(members), ins, outs, layout, reason))
     return segments
+
+
+def _merge(
+    groups: dict[int, list[Node]],
+    group_of: dict[Node, int],
+    consts: list[Node],
+    order: dict[Node, int],
+    a: int,
+    b: int,
+    split: frozenset[int],
+) -> bool:
+    """Merge group b into group a if the two still map onto one kernel; whether it did."""
+    merged = sorted(groups[a] + groups[b], key=order.__getitem__)
+    if _try(consts_for(merged, consts) + merged, split) is None:
+        return False
+    groups[a] = merged
+    for n in groups.pop(b):
+        group_of[n] = a
+    return True
 
 
 def _merge_siblings(
@@ -148,12 +163,8 @@ def _merge_siblings(
                     continue
                 if nx.has_path(gg, a, b) or nx.has_path(gg, b, a):
                     continue
-                merged = sorted(groups[a] + groups[b], key=order.__getitem__)
-                if _try(consts_for(merged, consts) + merged, split) is None:
+                if not _merge(groups, group_of, consts, order, a, b, split):
                     continue
-                groups[a] = merged
-                for n in groups.pop(b):
-                    group_of[n] = a
                 changed = True
                 break
             if changed:

@@ -12,9 +12,9 @@ from fuser.codegen.cuda.render import (
     CudaKernelWriter,
     Nest,
     Region,
+    chunk_regions,
     identity_of,
     row_nodes,
-    slot_region,
 )
 from fuser.codegen.cuda.templates import COMPUTE, REDUCE_FN, acc_type, combine, round_to
 from fuser.ir.graph import Node
@@ -51,32 +51,7 @@ def inner_outer(kw: CudaKernelWriter) -> str:
             "const int lane = threadIdx.x % TPR;" if rpb > 1 else "const int lane = threadIdx.x;"
         )
         row_ok = "row_ok" if s.row_guard else None
-        full_guard = s.col_guard and not tail_v
-        regions = [
-            slot_region(
-                "c",
-                batch,
-                ["const int col = c * CHUNK + lane * V;"]
-                + (["const bool col_ok = col < COLS;"] if full_guard else []),
-                v,
-                row_ok=row_ok,
-                col_ok="col_ok" if full_guard else None,
-            )
-        ]
-        if tail_v:
-            regions.append(
-                Region(
-                    "",
-                    [
-                        "const int c = BATCH;  // the tail chunk",
-                        "const int col = BATCH * CHUNK + lane * TAIL_V;",
-                    ]
-                    + (["const bool col_ok = col < COLS;"] if s.col_guard else []),
-                    tail_v,
-                    row_ok=row_ok,
-                    col_ok="col_ok" if s.col_guard else None,
-                )
-            )
+        regions = chunk_regions(batch, v, tail_v, s.col_guard, row_ok)
         kw.scalar_prologue()
         w.comment("per-column partials of the column reductions, over this block's rows", "//")
         for n in columns:

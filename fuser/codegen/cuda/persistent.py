@@ -3,7 +3,7 @@ registers across the passes of its reductions; optionally a prefetching row loop
 
 from __future__ import annotations
 
-from fuser.codegen.cuda.render import CudaKernelWriter, Nest, Region, row_nodes, slot_region
+from fuser.codegen.cuda.render import CudaKernelWriter, Nest, chunk_regions, row_nodes
 from fuser.codegen.cuda.templates import COMPUTE
 from fuser.ir.graph import Node
 from fuser.segmenter import Kind
@@ -32,34 +32,7 @@ def inner_persistent(kw: CudaKernelWriter) -> str:
             "const int lane = threadIdx.x % TPR;" if rpb > 1 else "const int lane = threadIdx.x;"
         )
         row_ok = "row_ok" if row_guard else None
-        # with a tail, the full chunks end inside the row and only the tail is predicated
-        full_guard = s.col_guard and not tail_v
-        regions = [
-            slot_region(
-                "c",
-                batch,
-                ["const int col = c * CHUNK + lane * V;"]
-                + (["const bool col_ok = col < COLS;"] if full_guard else []),
-                v,
-                row_ok=row_ok,
-                col_ok="col_ok" if full_guard else None,
-            )
-        ]
-        if tail_v:
-            tail_guard = s.col_guard
-            regions.append(
-                Region(
-                    "",
-                    [
-                        "const int c = BATCH;  // the tail chunk",
-                        "const int col = BATCH * CHUNK + lane * TAIL_V;",
-                    ]
-                    + (["const bool col_ok = col < COLS;"] if tail_guard else []),
-                    tail_v,
-                    row_ok=row_ok,
-                    col_ok="col_ok" if tail_guard else None,
-                )
-            )
+        regions = chunk_regions(batch, v, tail_v, s.col_guard, row_ok)
         kw.scalar_prologue()
         rows = _PersistentRows(kw, nests, kept, regions, nchunks)
         if not s.programs:

@@ -429,6 +429,41 @@ def slot_region(var: str, count: int, setup: list[str], width: int, **guards: st
     return Region(f"for (int {var} = 0; {var} < {count}; ++{var})", setup, width, **guards)
 
 
+def chunk_regions(
+    batch: int, v: int, tail_v: int, col_guard: bool, row_ok: str | None
+) -> list[Region]:
+    """The regions of a persistent row held in registers: `batch` full chunks of `v`
+    columns a thread (predicated only when there is no tail and the chunks reach past
+    the row), then the tail chunk of `tail_v` (predicated if col_guard)."""
+    full_guard = col_guard and not tail_v
+    regions = [
+        slot_region(
+            "c",
+            batch,
+            ["const int col = c * CHUNK + lane * V;"]
+            + (["const bool col_ok = col < COLS;"] if full_guard else []),
+            v,
+            row_ok=row_ok,
+            col_ok="col_ok" if full_guard else None,
+        )
+    ]
+    if tail_v:
+        regions.append(
+            Region(
+                "",
+                [
+                    "const int c = BATCH;  // the tail chunk",
+                    "const int col = BATCH * CHUNK + lane * TAIL_V;",
+                ]
+                + (["const bool col_ok = col < COLS;"] if col_guard else []),
+                tail_v,
+                row_ok=row_ok,
+                col_ok="col_ok" if col_guard else None,
+            )
+        )
+    return regions
+
+
 def row_nodes(kw: CudaKernelWriter, depth: int) -> list[Node]:
     """ROW nodes (not reductions) computed `depth` rounds in: one value per thread."""
     spec = kw.spec

@@ -5,7 +5,7 @@ outputs."""
 
 from __future__ import annotations
 
-from fuser.codegen.triton.kernels import Emitter, _chunk_of, _reduce_row_constant
+from fuser.codegen.triton.kernels import Emitter, _chunk_of, _reduce_row_constant, row_reduce_expr
 from fuser.codegen.triton.render import Chunk, TritonKernelWriter, _acc_dtype, _identity
 from fuser.ir.ops import REDUCE
 from fuser.segmenter import Kind
@@ -105,20 +105,8 @@ def _accumulate(kw: TritonKernelWriter, em: Emitter, node, chunks: list[Chunk]) 
 
 def _row_reduce(kw: TritonKernelWriter, em: Emitter, node, chunks: list[Chunk]) -> None:
     """A row reduction over the chunks in registers (as the inner persistent kernel's)."""
-    s, w = kw.s, kw.w
-    for c in chunks:
-        em.ensure_inputs(node, c)
-    full = [c for c in chunks if not c.masked and c.width == s.chunk]
-    rest = [c for c in chunks if c not in full]
-    terms = [kw.reduce_term(node, c) for c in rest]
-    if full:
-        lanes = kw.reduce_operand(node, full[0], None)
-        for c in full[1:]:
-            lanes = kw.combine(node.op, lanes, kw.reduce_operand(node, c, None))
-        terms.insert(0, kw.reduce(node, lanes, axis=1))
-    expr = terms[0]
-    for t in terms[1:]:
-        expr = kw.combine(node.op, expr, t)
+    w = kw.w
+    expr, _, _ = row_reduce_expr(kw, em, node, chunks)
     w.comment(f"{node.op.value} over the row -> {node.out.name}")
     w.line(f"{node.out.name} = {kw.to(f'({expr})', node.out.dtype)}")
     em.maybe_store(node, None)

@@ -111,30 +111,16 @@ def inner_persistent(kw: TritonKernelWriter) -> str:
 
 
 def _persistent_body(kw: TritonKernelWriter, em: Emitter, chunks: list[Chunk]) -> None:
-    spec, s, w = kw.spec, kw.s, kw.w
+    spec, w = kw.spec, kw.w
     for node in spec.nodes:
         kind = spec.kinds.get(node.out.id)
         if node.op in REDUCE and node.inputs[0].id in spec.row_constant:
             _reduce_row_constant(kw, em, node, chunks[0])
         elif node.op in REDUCE:
-            for c in chunks:
-                em.ensure_inputs(node, c)
-            # full chunks fold lane by lane first: one cross-thread reduction, not one
-            # per chunk (each is a shuffle tree and, across warps, a barrier)
-            full = [c for c in chunks if not c.masked and c.width == s.chunk]
-            rest = [c for c in chunks if c not in full]
-            terms = [kw.reduce_term(node, c) for c in rest]
-            if full:
-                lanes = kw.reduce_operand(node, full[0], None)
-                for c in full[1:]:
-                    lanes = kw.combine(node.op, lanes, kw.reduce_operand(node, c, None))
-                terms.insert(0, kw.reduce(node, lanes, axis=1))
-            expr = terms[0]
-            for t in terms[1:]:
-                expr = kw.combine(node.op, expr, t)
+            expr, full, rest = row_reduce_expr(kw, em, node, chunks)
             w.comment(
-                f"{node.op.value} over the row: {len(full)} full chunk(s) folded lane by "
-                f"lane, {len(rest)} tail chunk(s)"
+                f"{node.op.value} over the row: {full} full chunk(s) folded lane by "
+                f"lane, {rest} tail chunk(s)"
             )
             w.line(f"{node.out.name} = {kw.to(f'({expr})', node.out.dtype)}")
             em.maybe_store(node, None)
@@ -144,6 +130,28 @@ def _persistent_body(kw: TritonKernelWriter, em: Emitter, chunks: list[Chunk]) -
         else:
             em.node(node, None)
     kw.flush_reports()  # the row's index checks, once its work is done
+
+
+def row_reduce_expr(
+    kw: TritonKernelWriter, em: Emitter, node: Node, chunks: list[Chunk]
+) -> tuple[str, int, int]:
+    """(the expression of a row reduction over the chunks in registers, how many full
+    chunks, how many tail ones). Full chunks fold lane by lane first: one cross-thread
+    reduction, not one per chunk (each is a shuffle tree and, across warps, a barrier)."""
+    for c in chunks:
+        em.ensure_inputs(node, c)
+    full = [c for c in chunks if not c.masked and c.width == kw.s.chunk]
+    rest = [c for c in chunks if c not in full]
+    terms = [kw.reduce_term(node, c) for c in rest]
+    if full:
+        lanes = kw.reduce_operand(node, full[0], None)
+        for c in full[1:]:
+            lanes = kw.combine(node.op, lanes, kw.reduce_operand(node, c, None))
+        terms.insert(0, kw.reduce(node, lanes, axis=1))
+    expr = terms[0]
+    for t in terms[1:]:
+        expr = kw.combine(node.op, expr, t)
+    return expr, len(full), len(rest)
 
 
 def _reduce_row_constant(kw: TritonKernelWriter, em: Emitter, node: Node, chunk: Chunk) -> None:
