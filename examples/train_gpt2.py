@@ -149,11 +149,10 @@ def run_training(
     res = RunResult(backend, config, b, t, len(batches), device, amp if cuda else "none")
     counter = make_backend(backend)
     step_model = torch.compile(model, backend=counter) if counter is not None else model
-    # fused AdamW on plain CUDA tensors; FSDP2's sharded parameters (DTensors) take the
-    # default (foreach) implementation
-    sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
+    # fused AdamW on a GPU, FSDP2's sharded parameters (DTensors) too: DTensor shards the
+    # fused kernel like any pointwise op, where the foreach path pays its dispatch per op
     opt = torch.optim.AdamW(
-        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda and not sharded
+        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda
     )
     use_amp = cuda and amp == "bf16"
     if keep is not None:
