@@ -290,9 +290,13 @@ def _planned(
     return GemmPlan(shape, epilogue, t, *even, upcast, reasons)
 
 
-def _loads_tile(epilogue: Epilogue) -> bool:
-    """Whether the epilogue loads a full [BLOCK_M, BLOCK_N] tile besides the accumulator."""
-    return epilogue.residual or epilogue.gelu_grad != "none"
+def _heavy_epilogue(epilogue: Epilogue) -> bool:
+    """Whether the epilogue's GELU (or its derivative) runs on the tile: its temporaries
+    beside the accumulator. ptxas (sm_90, Triton 3.6) spilled both on a 128x256 tile with
+    8 warps (bias + GELU(tanh) + aux: 255 registers and 112 bytes of stack; the GELU
+    backward: 64 bytes) and fit them at 128x128 (124 and 150 registers); a residual add
+    fit at 128x256 (246 registers)."""
+    return epilogue.activation != "none" or epilogue.gelu_grad != "none"
 
 
 def _gpu_tiles(shape: GemmShape, epilogue: Epilogue, sms: int, reasons: list[str]) -> GemmTiles:
@@ -307,9 +311,8 @@ def _gpu_tiles(shape: GemmShape, epilogue: Epilogue, sms: int, reasons: list[str
             block_n=_fit(tiles.block_n, shape.n),
             block_k=_fit(tiles.block_k, shape.k),
         )
-        if _loads_tile(epilogue) and t.block_m * t.block_n > 128 * 128:
-            # a second fp32-sized tile in registers beside the 128x256 accumulator spills
-            continue
+        if _heavy_epilogue(epilogue) and t.block_m * t.block_n > 128 * 128:
+            continue  # spills (see _heavy_epilogue)
         itemsize = BYTES[shape.dtype]
         while t.num_stages > 2 and t.smem(itemsize) > SMEM_BUDGET:
             t = replace(t, num_stages=t.num_stages - 1)
@@ -325,8 +328,8 @@ def _gpu_tiles(shape: GemmShape, epilogue: Epilogue, sms: int, reasons: list[str
         f"{best.num_stages} stages: fewest waves x tile time over {sms} SMs "
         f"({'; '.join(lines)})"
     )
-    if _loads_tile(epilogue):
-        reasons.append("the epilogue loads an [M, N] tile: tiles of at most 128x128")
+    if _heavy_epilogue(epilogue):
+        reasons.append("a GELU in the epilogue: tiles of at most 128x128 (128x256 spills)")
     reasons.append(f"GROUP_M={best.group_m}: row blocks walk columns in groups (B tiles in L2)")
     return best
 
