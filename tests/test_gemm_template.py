@@ -16,6 +16,7 @@ from fuser.codegen.triton.gemm import render_gemm
 from fuser.config import config
 from fuser.errors import FuserError
 from fuser.runtime.gemm import aten_gemm, gemm, plan_for, shape_of
+from fuser.runtime.gemm_resources import plan_resources
 from fuser.runtime.gemm_tune import decide
 from fuser.schedulers.device import PRESETS
 from fuser.schedulers.gemm import Epilogue, GemmShape, choose, estimate, plan_gemm, unsupported
@@ -305,60 +306,10 @@ def test_compiled_prologue_cast_and_scale(monkeypatch):
     assert "fuses: A cast to fp32, A * scale, gelu)" in text and "fp32 (A fp16)" in text
 
 
-def _sm90_resources(plan) -> dict:
-    """ptxas's registers and spills of the plan's kernel compiled for sm_90 (no GPU),
-    with the specializations Triton's launcher makes: unit strides where the operands are
-    row-major (A column-major for the bias gradient's dYᵀ), 16-aligned pointers/sizes."""
-    import importlib.util
-    import tempfile
-    from pathlib import Path
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from fuser.runtime.resources import cubin_resources
-
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "gemm.py"
-        path.write_text(render_gemm(plan))
-        spec = importlib.util.spec_from_file_location("_gemm_sm90", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        fn = getattr(mod, plan.name)
-        t = plan.tiles
-        consts = {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_K": t.block_k}
-        consts["GROUP_M"] = t.group_m
-        unit = {"s_bn", "s_cn", "s_xn", "s_pn", "s_rn", "s_bias", "s_sum"}
-        unit |= {"s_am"} if plan.epilogue.reduce == "a_rows" else {"s_ak"}
-        sig = {}
-        for a in fn.arg_names:
-            if a in consts:
-                sig[a] = "constexpr"
-            elif a in unit:
-                sig[a], consts[a] = "constexpr", 1
-            elif a == "scale":
-                sig[a] = "fp32"
-            elif a in plan.arguments():
-                sig[a] = f"*{plan.shape.dtype}"
-            else:
-                sig[a] = "i32"
-        attrs = {
-            (i,): [["tt.divisibility", 16]]
-            for i, a in enumerate(fn.arg_names)
-            if sig[a] == "i32" or "*" in sig[a]
-        }
-        opts = {"num_warps": t.num_warps, "num_stages": t.num_stages}
-        compiled = triton.compile(
-            ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts
-        )
-        return next(iter(cubin_resources(compiled.asm["cubin"]).values()))
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(GPT2))
-def test_gpt2_tiles_compile_for_sm90_without_spills(name):
-    plan = plan_gemm(*GPT2[name], H100.sms)
-    res = _sm90_resources(plan)
-    assert res["stack"] + res["local"] == 0, f"{plan.name} {plan.tiles.line()} spills: {res}"
-    assert res["registers"] <= 255
+def test_gpt2_tiles_compile_for_sm90_without_spills():
+    """ptxas (sm_90, no GPU) on the planned kernels of the GPT-2 shapes: no spills."""
+    plans = [plan_gemm(*GPT2[name], H100.sms) for name in GPT2]
+    for plan, res in zip(plans, plan_resources(plans, 90), strict=True):
+        assert res["stack"] + res["local"] == 0, f"{plan.name} {plan.tiles.line()}: {res}"
+        assert res["registers"] <= 255

@@ -163,7 +163,13 @@ def _step(aliases: list[fx.Node], stage: int) -> tuple[str, fx.Node] | None:
             return "gelu", u
         if u.target == aten.gelu_backward.default and stage < 2 and u.args[0] in inside:
             p = u.args[1]
-            if isinstance(p, fx.Node) and p not in inside and _val(p).shape == v.shape:
+            vp = _val(p)
+            if (
+                isinstance(p, fx.Node)
+                and p not in inside
+                and vp is not None
+                and vp.shape == v.shape
+            ):
                 return "gelu_backward", u
         if u.target == aten.add.Tensor and stage < 3 and not u.kwargs and len(u.args) == 2:
             x, y = u.args
@@ -422,7 +428,9 @@ def lower_gemm(gm: fx.GraphModule, mode: str | None = None) -> list[str]:
         head = f"matmul {node.name} ({shape.line()}; fuses: {fused})"
         if choice.template and choice.plan is not None:
             if _template(gm, found, choice.plan, f"{head}: {choice.line()}"):
-                notes.append(f"{head}: {choice.line()}")
+                plan = choice.plan
+                why = "".join(f"\n    why: {r}" for r in plan.reasons)
+                notes.append(f"{head}: {choice.line()}\n    {plan.tiles.line()}{why}")
                 changed = True
                 continue
             choice = dataclasses.replace(choice, template=False)

@@ -169,9 +169,13 @@ def _main_loop(w: Writer, plan: GemmPlan) -> None:
         w.line(f"a = {_load('a_ptrs', _and(m['m'], m['ka']))}")
         w.line(f"b = {_load('b_ptrs', _and(m['kb'], m['n']))}")
         if e.reduce == "a_rows":
-            w.line("a_sum += tl.sum(a.to(tl.float32), 1)")
+            w.comment("only the first program of a row block sums (it stores the sums)")
+            with w.block("if pid_n == 0:"):
+                w.line("a_sum += tl.sum(a.to(tl.float32), 1)")
         elif e.reduce == "b_cols":
-            w.line("b_sum += tl.sum(b.to(tl.float32), 0)")
+            w.comment("only the first program of a column block sums (it stores the sums)")
+            with w.block("if pid_m == 0:"):
+                w.line("b_sum += tl.sum(b.to(tl.float32), 0)")
         dot = _TL[s.dtype]
         if e.a_cast and e.a_scale:
             w.line(f"a = (a.to({dot}).to(tl.float32) * scale).to({dot})  # prologue: cast, scale")
