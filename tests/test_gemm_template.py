@@ -313,3 +313,76 @@ def test_gpt2_tiles_compile_for_sm90_without_spills():
     for plan, res in zip(plans, plan_resources(plans, 90), strict=True):
         assert res["stack"] + res["local"] == 0, f"{plan.name} {plan.tiles.line()}: {res}"
         assert res["registers"] <= 255
+
+
+def _traced(f, *shapes, device="cpu", dtype=torch.float32):
+    """f's ATen graph with fake values on every node, as AOTAutograd hands it over."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with FakeTensorMode():
+        args = [torch.empty(s, device=device, dtype=dtype) for s in shapes]
+        return make_fx(f)(*args)
+
+
+def test_chain_stops_where_a_value_is_needed_elsewhere(monkeypatch):
+    """addmm + residual where the addmm is also returned: the residual add stays outside
+    (the template would have to store both); the rewritten graph runs and matches."""
+    from fuser.dynamo.gemm import lower_gemm
+
+    monkeypatch.setattr(config, "backend", "triton")
+
+    def f(x, w, b, r):
+        y = torch.addmm(b, x, w.t())
+        return F.gelu(y + r), y.sum(0)
+
+    gm = _traced(f, (37, 29), (45, 29), (45,), (37, 45))
+    (note,) = lower_gemm(gm, "template")
+    assert "fuses: + bias[n])" in note and "gemm_bias_fp32" in note
+    assert "aten.add" in gm.code and "aten.gelu" in gm.code
+    torch.manual_seed(4)
+    args = (torch.randn(37, 29), torch.randn(45, 29), torch.randn(45), torch.randn(37, 45))
+    for got, want in zip(gm(*args), f(*args), strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+def test_cuda_backend_routes_bias_gelu_tanh_to_cublaslt(monkeypatch):
+    """The CUDA backend has no template: addmm + GELU(tanh) with no saved pre-activation
+    becomes cuBLASLt's epilogue (on CUDA tensors: fake ones here); the erf form and a
+    saved pre-activation stay addmm + fuser's pointwise kernel; explain says which."""
+    from fuser.dynamo.gemm import lower_gemm
+
+    monkeypatch.setattr(config, "backend", "cuda")
+    shapes = ((37, 29), (45, 29), (45,))
+    cases = {
+        "tanh": (lambda x, w, b: F.gelu(torch.addmm(b, x, w.t()), approximate="tanh"), True),
+        "erf": (lambda x, w, b: F.gelu(torch.addmm(b, x, w.t())), False),
+        "saved": (lambda x, w, b: (F.gelu(y := torch.addmm(b, x, w.t()), approximate="tanh"), y),
+                  False),
+    }  # fmt: skip
+    for name, (f, routed) in cases.items():
+        gm = _traced(f, *shapes, device="cuda", dtype=torch.bfloat16)
+        (note,) = lower_gemm(gm, "template")
+        assert "the CUDA backend has no GEMM template" in note, name
+        assert ("_addmm_activation" in gm.code) == routed, (name, gm.code)
+        assert ("cuBLASLt's bias + GELU(tanh) epilogue" in note) == routed, (name, note)
+
+
+def test_only_sums_over_k_are_fused(monkeypatch):
+    """sum(w, [0]) beside mm(x, w) is a sum of B over K (fused); sum(x, [0]) beside
+    addmm(b, x, w) sums A over M, not K (left alone); both results match."""
+    from fuser.dynamo.gemm import lower_gemm
+
+    monkeypatch.setattr(config, "backend", "triton")
+
+    def f(x, w, b):
+        return x @ w, w.sum(0), torch.addmm(b, x, w), x.sum(0)
+
+    gm = _traced(f, (37, 29), (29, 45), (45,))
+    notes = lower_gemm(gm, "template")
+    assert "fuses: column sums of B over K)" in notes[0] and "fuses: + bias[n])" in notes[1]
+    assert gm.code.count("aten.sum") == 1
+    torch.manual_seed(8)
+    args = (torch.randn(37, 29), torch.randn(29, 45), torch.randn(45))
+    for got, want in zip(gm(*args), f(*args), strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)

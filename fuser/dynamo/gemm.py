@@ -219,7 +219,7 @@ def _epilogue(found: Match, fields: dict, stage: int) -> None:
 def _bias_sum(found: Match, fields: dict) -> None:
     """mm(xᵀ, B) beside sum(x, [0]), or mm(A, x) beside it: the sum over K is taken
     from the tiles the template loads anyway (dW and db of a linear layer)."""
-    a, b = found.mm.args[:2]
+    a, b = found.mm.args[-2:]  # addmm's bias comes first
     for kind, src in (("a_rows", a.args[0] if _is_2d_transpose(a) else None), ("b_cols", b)):
         if not isinstance(src, fx.Node):
             continue
