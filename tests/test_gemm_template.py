@@ -308,11 +308,12 @@ def test_compiled_prologue_cast_and_scale(monkeypatch):
 
 @pytest.mark.slow
 def test_gpt2_tiles_compile_for_sm90_without_spills():
-    """ptxas (sm_90, no GPU) on the planned kernels of the GPT-2 shapes: no spills."""
+    """ptxas (sm_90, no GPU) on the planned kernels of the GPT-2 shapes: no spills, and
+    tl.dot compiled to Hopper's warpgroup MMA (HGMMA)."""
     plans = [plan_gemm(*GPT2[name], H100.sms) for name in GPT2]
     for plan, res in zip(plans, plan_resources(plans, 90), strict=True):
         assert res["stack"] + res["local"] == 0, f"{plan.name} {plan.tiles.line()}: {res}"
-        assert res["registers"] <= 255
+        assert res["registers"] <= 255 and res["hgmma"], res
 
 
 def _traced(f, *shapes, device="cpu", dtype=torch.float32):

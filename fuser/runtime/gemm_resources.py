@@ -21,13 +21,14 @@ from typing import Any
 from fuser.codegen.triton.gemm import render_gemm
 from fuser.config import use_interpreter
 from fuser.errors import CompileError
-from fuser.schedulers.gemm import Epilogue, GemmPlan, GemmShape, GemmTiles, retile
+from fuser.runtime.resources import cubin_resources, sass
+from fuser.schedulers.gemm import Epilogue, GemmPlan, GemmShape, GemmTiles, plan_gemm, retile
 
 _UNIT = {"s_bn", "s_cn", "s_xn", "s_pn", "s_rn", "s_bias", "s_sum"}
 
 
 def plan_resources(plans: list[GemmPlan], arch: int = 90) -> list[dict[str, int]]:
-    """{"registers", "stack", "local", "shared", ...} of each plan's kernel for
+    """{"registers", "stack", "local", "shared", "hgmma"} of each plan's kernel for
     sm_`arch` (one child process for all of them where one is needed)."""
     if use_interpreter():
         return _in_child(plans, arch)
@@ -42,8 +43,6 @@ def _compile(plan: GemmPlan, arch: int) -> dict[str, int]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    from fuser.runtime.resources import cubin_resources
 
     t = plan.tiles
     consts: dict[str, Any] = {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_K": t.block_k}
@@ -78,7 +77,11 @@ def _compile(plan: GemmPlan, arch: int) -> dict[str, int]:
         compiled = triton.compile(
             ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", arch, 32), options=opts
         )
-        return next(iter(cubin_resources(compiled.asm["cubin"]).values()))
+        cubin = compiled.asm["cubin"]
+        found = dict(next(iter(cubin_resources(cubin).values())))
+        # tl.dot on sm_90 should be Hopper's warpgroup MMA (HGMMA in SASS), not mma.sync
+        found["hgmma"] = int("HGMMA" in sass(cubin)) if arch >= 90 else 0
+        return found
 
 
 def _in_child(plans: list[GemmPlan], arch: int) -> list[dict[str, int]]:
@@ -105,8 +108,6 @@ def _in_child(plans: list[GemmPlan], arch: int) -> list[dict[str, int]]:
 
 
 def _main() -> None:
-    from fuser.schedulers.gemm import plan_gemm
-
     work = json.loads(sys.stdin.read())
     out = []
     for job in work["plans"]:
