@@ -364,12 +364,15 @@ def _shape(found: Match) -> GemmShape:
     return dataclasses.replace(shape, a_dtype=DTYPES.get(_val(found.a).dtype, shape.a_dtype))
 
 
-def _template(gm: fx.GraphModule, found: Match, plan: GemmPlan, why: str) -> bool:
+def _template(gm: fx.GraphModule, found: Match, plan: GemmPlan, why: str) -> str | None:
+    """Put the template call in place of the match; None, or why it could not be."""
     e = found.epilogue
     args = (found.a, found.b, found.bias, found.pre, found.residual)
     at = _insertion_point(gm, found, list(args))
-    if at is None or not _layouts_ok(found):
-        return False
+    if at is None:
+        return "an input of the fused work comes after a use of a value it replaces"
+    if not _layouts_ok(found):
+        return "a replaced value read elsewhere is not contiguous, as the template's results are"
     m, n = _val(found.mm).shape
     k = _val(found.mm.args[-2]).shape[1]
     sums = tuple(_val(found.sum_node).shape) if found.sum_node is not None else None
@@ -379,7 +382,7 @@ def _template(gm: fx.GraphModule, found: Match, plan: GemmPlan, why: str) -> boo
     vals += [_val(found.sum_node).new_empty(sums)] if sums is not None else []
     target = GemmCall(e, plan, (m, n, k), found.scale, (found.out_dtype, sums), why)
     _replace(gm, found, at, target, args, vals, f"GEMM template {plan.name} ({found.mm.name})")
-    return True
+    return None
 
 
 # cuBLASLt's GELU epilogue is the tanh form; torch exposes it as _addmm_activation (on a
@@ -427,15 +430,15 @@ def lower_gemm(gm: fx.GraphModule, mode: str | None = None) -> list[str]:
         fused = ", ".join(found.epilogue.ops()) or "nothing"
         head = f"matmul {node.name} ({shape.line()}; fuses: {fused})"
         if choice.template and choice.plan is not None:
-            if _template(gm, found, choice.plan, f"{head}: {choice.line()}"):
+            why_not = _template(gm, found, choice.plan, f"{head}: {choice.line()}")
+            if why_not is None:
                 plan = choice.plan
                 why = "".join(f"\n    why: {r}" for r in plan.reasons)
                 notes.append(f"{head}: {choice.line()}\n    {plan.tiles.line()}{why}")
                 changed = True
                 continue
-            choice = dataclasses.replace(choice, template=False)
-            note = f"{head}: cuBLAS, the template call could not be placed in program order"
-        elif not template_backend and mode != "aten":
+            note = f"{head}: cuBLAS, the template call could not be placed: {why_not}"
+        elif not template_backend:
             note = f"{head}: {choice.line()}; {_cublas_route(gm, found)}"
             changed = changed or _erased(node)
         else:
