@@ -387,3 +387,25 @@ def test_only_sums_over_k_are_fused(monkeypatch):
     args = (torch.randn(37, 29), torch.randn(29, 45), torch.randn(45))
     for got, want in zip(gm(*args), f(*args), strict=True):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+def test_full_bias_is_a_residual_and_casts_fold(monkeypatch):
+    """addmm with a full [M, N] bias is a residual add (nothing but a cast may follow);
+    a cast of the result becomes the template's output dtype."""
+    from fuser.dynamo.gemm import lower_gemm
+
+    monkeypatch.setattr(config, "backend", "triton")
+
+    def f(x, w, r):
+        return torch.addmm(r, x, w).to(torch.float16), F.gelu(x @ w).to(torch.float16)
+
+    gm = _traced(f, (37, 29), (29, 45), (37, 45))
+    notes = lower_gemm(gm, "template")
+    assert "fuses: + residual[m, n])" in notes[0] and "fp32 -> fp16" in notes[0]
+    assert "fuses: gelu)" in notes[1] and "fp32 -> fp16" in notes[1]
+    assert "aten.addmm" not in gm.code and "_to_copy" not in gm.code
+    torch.manual_seed(9)
+    args = (torch.randn(37, 29), torch.randn(29, 45), torch.randn(37, 45))
+    for got, want in zip(gm(*args), f(*args), strict=True):
+        assert got.dtype == torch.float16
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
