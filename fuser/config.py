@@ -20,6 +20,12 @@ FUSER_ATTENTION  which runs torch.compile(backend="fuser") graphs' attentions: "
               ATen's SDPA kernels), "template" (fuser's Triton flash attention wherever it
               applies), "auto" (the template where a measurement on this GPU, made on first
               use and cached on disk, says it is faster); fuser/schedulers/attention.py
+FUSER_GEMM    which runs torch.compile(backend="fuser") graphs' matmuls: "aten" (default: cuBLAS,
+              the graph unchanged), "template" (fuser's Triton GEMM template with the bias,
+              GELU, residual, GELU-backward and bias-gradient work around it fused, wherever
+              it applies), "auto" (the template where the roofline estimate, or on a GPU a
+              measurement made on first use and cached on disk, says it is faster);
+              fuser/schedulers/gemm.py
 FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
               (overflow, invalid value, divide by zero) from generated kernels: the test
               suite's check that a kernel computes no inf or NaN that eager does not (default
@@ -46,6 +52,7 @@ class Config:
     compile_workers: int = 0
     one_pass_cross_entropy: bool = True
     attention: str = "sdpa"
+    gemm: str = "aten"
 
 
 def _read() -> Config:
@@ -60,6 +67,7 @@ def _read() -> Config:
         compile_workers=int(os.environ.get("FUSER_COMPILE_WORKERS", "0") or 0),
         one_pass_cross_entropy=os.environ.get("FUSER_ONE_PASS_CE", "1") not in ("", "0"),
         attention=os.environ.get("FUSER_ATTENTION", "sdpa") or "sdpa",
+        gemm=os.environ.get("FUSER_GEMM", "aten") or "aten",
     )
 
 

@@ -160,6 +160,8 @@ def fallback_reason(node: fx.Node) -> str:
         return f"{node.op} nodes stay as they are"
     if "fuser_attention" in node.meta:  # an attention: template or SDPA (dynamo/attention.py)
         return node.meta["fuser_attention"]
+    if "fuser_gemm" in node.meta:  # a matmul: GEMM template or cuBLAS (dynamo/gemm.py)
+        return node.meta["fuser_gemm"]
     if not isinstance(t, torch._ops.OpOverload):
         return f"Python call {op_name(node)} (size arithmetic or a higher-order op)"
     base = t._schema.name.split("::")[-1]
