@@ -19,7 +19,7 @@ import fuser.dynamo.indexing  # noqa: F401
 import fuser.dynamo.layout  # noqa: F401
 import fuser.dynamo.pointwise  # noqa: F401
 import fuser.dynamo.reductions  # noqa: F401
-from fuser.dynamo.context import FREE, LOWERINGS, LowerCtx, NotLowerable
+from fuser.dynamo.context import EXPLAINED, FREE, LOWERINGS, LowerCtx, NotLowerable
 from fuser.errors import FuserError
 from fuser.frontend.fusion_definition import FusionDefinition
 
@@ -160,6 +160,8 @@ def fallback_reason(node: fx.Node) -> str:
         return f"{node.op} nodes stay as they are"
     if "fuser_attention" in node.meta:  # an attention: template or SDPA (dynamo/attention.py)
         return node.meta["fuser_attention"]
+    if t in EXPLAINED:  # fuser's own composite call (dynamo/linear_ce.py)
+        return EXPLAINED[t](node)
     if not isinstance(t, torch._ops.OpOverload):
         return f"Python call {op_name(node)} (size arithmetic or a higher-order op)"
     base = t._schema.name.split("::")[-1]
