@@ -102,7 +102,7 @@ def plan_chunks(
     else:
         most = max(ROW_ALIGN, CHUNK_BYTES // (padded * item) // ROW_ALIGN * ROW_ALIGN)
         k = max(1, _ceil(n, most))
-        rows = min(max(n, 1), _ceil(_ceil(n, k), ROW_ALIGN) * ROW_ALIGN)
+        rows = max(1, min(n, _ceil(_ceil(n, k), ROW_ALIGN) * ROW_ALIGN))
         why.append(
             f"{rows} rows a chunk: at most {CHUNK_BYTES >> 20} MiB of logits "
             f"({most} rows of {padded} x {item} B), rows a multiple of {ROW_ALIGN} (a GEMM "
