@@ -109,6 +109,10 @@ def test_padded_vocabulary_and_out_of_place(monkeypatch: pytest.MonkeyPatch) -> 
     assert plan_chunks(N, V, BF16).padded == 104
     data = _data(BF16, bias=False, ignored=(5,))
     _check(*data)
+    x, w, _, t = _data(F32, bias=False)
+    with torch.autocast("cpu", dtype=BF16):  # fp32 weights: dW is a view of the padded one
+        loss, (dx, dw) = _grads(lambda *a: linear_cross_entropy(a[0], a[1], a[3]), x, w, None, t)
+    _close(dw, _reference(x, w, None, t)[1][1], 2e-2, "dW")
     monkeypatch.setattr(linear_ce_chunk, "IN_PLACE_KINDS", ())
     _check(*data)
 
@@ -139,13 +143,15 @@ def test_tied_weight_accumulates_both_gradients() -> None:
 
 
 def test_autocast_bf16_with_fp32_weights() -> None:
+    """bf16 activations, fp32 weight and bias: autocast's casts, eager's dtypes out."""
     x, w, b, t = _data(F32)
+    x = x.bfloat16()
     with torch.autocast("cpu", dtype=BF16):
         loss, grads = _grads(
             lambda *a: linear_cross_entropy(a[0], a[1], a[3], a[2], chunk_rows=10), x, w, b, t
         )
     want_loss, want = _reference(x, w, b, t)
-    assert loss.dtype == F32 and all(g.dtype == F32 for g in grads)  # eager's dtypes
+    assert loss.dtype == F32 and [g.dtype for g in grads] == [BF16, F32, F32]
     torch.testing.assert_close(loss, want_loss, atol=2e-2, rtol=2e-2)
     for g, r in zip(grads, want):
         _close(g, r, 2e-2)
@@ -202,6 +208,9 @@ def test_rewrite_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     (note,) = chunk_linear_cross_entropy(returns_logits)
     assert "not chunked: the logits are also read by" in note
     plain = _dynamo_graph(_head, x, w, t)
+    monkeypatch.setattr(config, "linear_cross_entropy", "yes")
+    with pytest.raises(ValueError, match="FUSER_LINEAR_CE"):
+        chunk_linear_cross_entropy(copy.deepcopy(plain))
     for mode, says in (("0", None), ("auto", "auto: the logits are on cpu"), ("1", "chunked")):
         monkeypatch.setattr(config, "linear_cross_entropy", mode)
         notes = chunk_linear_cross_entropy(copy.deepcopy(plain))

@@ -246,6 +246,8 @@ def chunk_linear_cross_entropy(gm: fx.GraphModule) -> list[str]:
     """Replace `cross_entropy(linear(x, W[, b]))` by fuser::linear_cross_entropy where
     config.linear_cross_entropy says so; one note per lm head found."""
     mode = config.linear_cross_entropy
+    if mode not in ("0", "1", "auto"):
+        raise ValueError(f"FUSER_LINEAR_CE={mode!r}; expected 0, 1 or auto")
     if mode == "0" or not torch.is_grad_enabled():
         return []
     notes: list[str] = []
