@@ -27,6 +27,7 @@ from fuser.dynamo.linear_ce import linear_cross_entropy, plan_chunks
 from fuser.examples.gpt2 import GPT, get_config
 
 F32, BF16 = torch.float32, torch.bfloat16
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N, H, V = 37, 24, 101
 # bf16: the logits and their gradient are rounded to bf16 once each (as eager's are)
 TOL = {F32: 2e-5, BF16: 2e-2}
@@ -39,7 +40,7 @@ def _data(dtype: torch.dtype, n: int = N, bias: bool = True, ignored: tuple = ()
     b = (torch.randn(V, generator=g) * 0.5).to(dtype) if bias else None
     t = torch.randint(0, V, (n,), generator=g)
     t[list(ignored)] = -100
-    return x, w, b, t
+    return tuple(a.to(DEVICE) if a is not None else None for a in (x, w, b, t))
 
 
 def _grads(fn, x, w, b, t):
@@ -110,11 +111,20 @@ def test_padded_vocabulary_and_out_of_place(monkeypatch: pytest.MonkeyPatch) -> 
     data = _data(BF16, bias=False, ignored=(5,))
     _check(*data)
     x, w, _, t = _data(F32, bias=False)
-    with torch.autocast("cpu", dtype=BF16):  # fp32 weights: dW is a view of the padded one
+    with torch.autocast(DEVICE, dtype=BF16):  # fp32 weights: dW is a view of the padded one
         loss, (dx, dw) = _grads(lambda *a: linear_cross_entropy(a[0], a[1], a[3]), x, w, None, t)
     _close(dw, _reference(x, w, None, t)[1][1], 2e-2, "dW")
     monkeypatch.setattr(linear_ce_chunk, "IN_PLACE_KINDS", ())
     _check(*data)
+
+
+def test_aten_fallback_where_fuser_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors in a process with a GPU, say: the chunks' cross-entropy runs as ATen
+    ops, with a warning, and the results are the same."""
+    monkeypatch.setattr(linear_ce_chunk, "_CACHE", {})
+    monkeypatch.setattr(linear_ce_chunk, "device_problem", lambda *a: "no kernels here (test)")
+    with pytest.warns(UserWarning, match="runs as ATen ops: no kernels here"):
+        _check(*_data(BF16, ignored=(1,)))
 
 
 def test_transposed_x_and_int32_targets() -> None:
@@ -127,9 +137,9 @@ def test_transposed_x_and_int32_targets() -> None:
 def test_tied_weight_accumulates_both_gradients() -> None:
     """The lm head's weight is also the embedding's (GPT-2): its gradient is the sum."""
     g = torch.Generator().manual_seed(3)
-    w0 = torch.randn(V, H, generator=g)
-    idx = torch.randint(0, V, (N,), generator=g)
-    t = torch.randint(0, V, (N,), generator=g)
+    w0 = torch.randn(V, H, generator=g).to(DEVICE)
+    idx = torch.randint(0, V, (N,), generator=g).to(DEVICE)
+    t = torch.randint(0, V, (N,), generator=g).to(DEVICE)
 
     def step(fn):
         w = w0.clone().requires_grad_(True)
@@ -146,7 +156,7 @@ def test_autocast_bf16_with_fp32_weights() -> None:
     """bf16 activations, fp32 weight and bias: autocast's casts, eager's dtypes out."""
     x, w, b, t = _data(F32)
     x = x.bfloat16()
-    with torch.autocast("cpu", dtype=BF16):
+    with torch.autocast(DEVICE, dtype=BF16):
         loss, grads = _grads(
             lambda *a: linear_cross_entropy(a[0], a[1], a[3], a[2], chunk_rows=10), x, w, b, t
         )
@@ -157,15 +167,23 @@ def test_autocast_bf16_with_fp32_weights() -> None:
         _close(g, r, 2e-2)
 
 
+def _twice(fn) -> None:
+    """fn(), and on a GPU fn() again: a kernel's bad index is reported at the next call."""
+    fn()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        fn()
+
+
 def test_bad_targets_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     x, w, b, t = _data(F32)
     t[4] = V
     with pytest.raises(IndexError):
-        linear_cross_entropy(x, w, t, b)
+        _twice(lambda: linear_cross_entropy(x, w, t, b))
     monkeypatch.setattr(linear_ce, "MIN_PADDED_VOCAB", 0)  # V=101 padded to 104 in bf16
     t[4] = 102  # a padding column: the kernel's own check covers [0, 104) only
     with pytest.raises(IndexError, match=r"\[101, 104\)"):
-        linear_cross_entropy(x.bfloat16(), w.bfloat16(), t)
+        _twice(lambda: linear_cross_entropy(x.bfloat16(), w.bfloat16(), t))
 
 
 def test_chunk_rule_at_gpt2_124m() -> None:
@@ -211,7 +229,7 @@ def test_rewrite_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(config, "linear_cross_entropy", "yes")
     with pytest.raises(ValueError, match="FUSER_LINEAR_CE"):
         chunk_linear_cross_entropy(copy.deepcopy(plain))
-    for mode, says in (("0", None), ("auto", "auto: the logits are on cpu"), ("1", "chunked")):
+    for mode, says in (("0", None), ("auto", "auto: the logits are"), ("1", "chunked")):
         monkeypatch.setattr(config, "linear_cross_entropy", mode)
         notes = chunk_linear_cross_entropy(copy.deepcopy(plain))
         assert notes == [] if says is None else says in notes[0], (mode, notes)
@@ -231,7 +249,7 @@ def test_compiled_under_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
     f = torch.compile(
         lambda x, w, b, t: F.cross_entropy(F.linear(x, w, b), t), backend=FuserBackend(strict=True)
     )
-    with torch.autocast("cpu", dtype=BF16):
+    with torch.autocast(DEVICE, dtype=BF16):
         loss, grads = _grads(f, x, w, b, t)
     torch._dynamo.reset()
     want_loss, want = _reference(x, w, b, t)
@@ -246,11 +264,11 @@ def test_tiny_gpt2_compiled_with_the_rewrite(monkeypatch: pytest.MonkeyPatch) ->
     (a caller that drops the logits: Dynamo's graph then has no other user of them)."""
     monkeypatch.setattr(config, "linear_cross_entropy", "1")
     torch.manual_seed(0)
-    model = GPT(get_config("tiny"))
+    model = GPT(get_config("tiny")).to(DEVICE)
     ref_model = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, 64, (2, 8), generator=g)
-    tgt = torch.randint(0, 64, (2, 8), generator=g)
+    idx = torch.randint(0, 64, (2, 8), generator=g).to(DEVICE)
+    tgt = torch.randint(0, 64, (2, 8), generator=g).to(DEVICE)
     tgt[0, :3] = -100
     backend = FuserBackend(strict=True)
     torch._dynamo.reset()

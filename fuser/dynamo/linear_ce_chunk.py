@@ -22,6 +22,7 @@ chunk's memory.
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +30,13 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-import fuser.dynamo.ce_op  # noqa: F401  (defines fuser::cross_entropy)
+import fuser.dynamo.ce_op as ce_op
 from fuser.config import config
+from fuser.dynamo.context import NotLowerable
 from fuser.dynamo.region import RegionPlan, build_definition
+from fuser.errors import FuserError
 from fuser.frontend.fusion_definition import FusionDefinition
+from fuser.runtime.kernel import device_problem
 
 aten = torch.ops.aten
 # schedules with one program per row that load an element before storing its gradient
@@ -41,10 +45,13 @@ IN_PLACE_KINDS = ("inner_persistent", "inner_looped")
 
 @dataclass
 class ChunkKernel:
-    """The chunk's fusion; `order` maps each argument of its one kernel to an input
+    """The chunk's fusion (None: fuser cannot run it here, and ATen ops compute the
+    chunk: `note` says why); `order` maps each argument of its one kernel to an input
     (False, i) or an output (True, i) when it can run in place, else is None."""
 
-    fd: FusionDefinition
+    fd: FusionDefinition | None
+    ignore: int
+    eps: float
     kernel: Any = None
     order: tuple[tuple[bool, int], ...] | None = None
     note: str = ""
@@ -60,12 +67,18 @@ class ChunkKernel:
             if out is not loss:  # a chunk of rows not a multiple of 4: planned for 16
                 loss.copy_(out)
             return
-        rows, grad = self.fd.execute([logits, target, scale])
+        if self.fd is not None:
+            rows, grad = self.fd.execute([logits, target, scale])
+        else:  # fuser::cross_entropy's ATen implementation (its gradient rounded twice)
+            rows, grad = ce_op.cross_entropy(logits, target, 0, self.ignore, self.eps, True)
+            grad = (grad.float() * scale).to(logits.dtype)
         loss.copy_(rows)
         logits.copy_(grad)
 
     def schedule(self) -> str:
-        return self.kernel.schedule.short() if self.kernel is not None else "ATen segments"
+        if self.kernel is not None:
+            return self.kernel.schedule.short()
+        return "ATen segments" if self.fd is not None else "ATen ops"
 
 
 def _alignment(t: torch.Tensor) -> int:
@@ -145,14 +158,34 @@ def chunk_kernel(
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    fd = chunk_definition(rows, cols, logits.dtype, target.dtype, ignore, eps)
-    with unset_fake_temporarily():
-        kernels = fd.compile([logits, target, scale])
-    kernel, order, note = _in_place_order(fd, kernels)
-    ck = ChunkKernel(fd, kernel, order, note)
+    ck = _plan(logits, target, scale, ignore, eps)
     if logits.device.type != "meta":  # a meta plan (for explain) is not the one that runs
         _CACHE[key] = ck
+        if ck.fd is None:
+            warnings.warn(f"fuser: linear_cross_entropy: {ck.note}", stacklevel=3)
     return ck
+
+
+def _plan(
+    logits: torch.Tensor, target: torch.Tensor, scale: torch.Tensor, ignore: int, eps: float
+) -> ChunkKernel:
+    problem = None
+    if logits.device.type != "meta":
+        problem = device_problem(config.backend, logits.device.type)
+    if problem:
+        return ChunkKernel(
+            None, ignore, eps, note=f"the chunks' cross-entropy runs as ATen ops: {problem}"
+        )
+    try:
+        rows, cols = logits.shape
+        fd = chunk_definition(rows, cols, logits.dtype, target.dtype, ignore, eps)
+        with unset_fake_temporarily():
+            kernels = fd.compile([logits, target, scale])
+    except (NotLowerable, FuserError) as e:
+        why = f"the chunks' cross-entropy runs as ATen ops: {type(e).__name__}: {e}"
+        return ChunkKernel(None, ignore, eps, note=why)
+    kernel, order, note = _in_place_order(fd, kernels)
+    return ChunkKernel(fd, ignore, eps, kernel, order, note)
 
 
 # -- the weight gradient's accumulation ------------------------------------------------
