@@ -2,7 +2,7 @@
 rewrite in ce_rewrite.py): loss and gradients (dx, dW, db) against
 F.cross_entropy(F.linear(...)) in float32 from the same values, at odd sizes (N=37, H=24,
 V=101, chunks that do not divide N), fp32 and bf16, with ignored rows, every row ignored,
-no rows, a sum, label smoothing, a padded vocabulary (-inf bias columns), the
+no rows, a sum, label smoothing, a padded vocabulary (-inf logits past V), the
 out-of-place fallback, a transposed x, a weight tied to an embedding, bf16 autocast with
 fp32 weights; a bad target raises; the rewrite's choices (another user of the logits,
 "auto" on CPU, reduction 'none', off) and a tiny GPT-2 compiled with it forced on:
@@ -104,11 +104,11 @@ def test_every_row_ignored_and_no_rows() -> None:
 
 
 def test_padded_vocabulary_and_out_of_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    """V=101 padded to 104 (bf16: 16-byte rows) with -inf bias columns; then the kernel
+    """V=101 padded to 104 (bf16: 16-byte rows) with -inf logits past V; then the kernel
     run through fd.execute (out of place) instead of over the logits."""
     monkeypatch.setattr(linear_ce, "MIN_PADDED_VOCAB", 0)
     assert plan_chunks(N, V, BF16).padded == 104
-    data = _data(BF16, bias=False, ignored=(5,))
+    data = _data(BF16, ignored=(5,))  # a bias too: padded with zeros
     _check(*data)
     x, w, _, t = _data(F32, bias=False)
     with torch.autocast(DEVICE, dtype=BF16):  # fp32 weights: dW is a view of the padded one

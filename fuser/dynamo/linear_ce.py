@@ -20,8 +20,9 @@ an upstream gradient of 1, which the backward scales by the real one
 Padding: with V not a multiple of 16 bytes (GPT-2's 50257) cuBLAS falls back to slow
 kernels for all three matmuls (pad_mm.py: 30 ms against 6 ms for a GPT-2 step's lm
 head). The weight is copied once into a [V', H] buffer with V' aligned and zero rows past
-V, and the logits get a bias of -inf there: those columns take no part in the softmax,
-their gradient is exactly 0, and the matmuls run aligned. Not with label smoothing (its
+V, and each chunk's logits past V are set to -inf (a write of V' - V columns): those
+columns take no part in the softmax, their gradient is exactly 0, and the matmuls run
+aligned. Not with label smoothing (its
 term sums every column), where V stays as it is. A target in [V, V') would pick a -inf
 logit, so it is checked here (the kernel checks [0, V')).
 
@@ -93,8 +94,8 @@ def plan_chunks(
             padded = _ceil(v, align) * align
             why.append(
                 f"V padded {v} -> {padded} (16-byte rows: cuBLAS's fast kernels); the "
-                f"{padded - v} extra columns have zero weights and a -inf bias, so they add "
-                "nothing to the softmax and get a gradient of exactly 0"
+                f"{padded - v} extra columns have zero weights and logits set to -inf, so "
+                "they add nothing to the softmax and get a gradient of exactly 0"
             )
     if chunk_rows > 0:
         rows = min(chunk_rows, max(n, 1))
@@ -119,19 +120,16 @@ def _ceil(a: int, b: int) -> int:
 def _padded_operands(
     weight: torch.Tensor, bias: torch.Tensor | None, plan: ChunkPlan, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """W in the compute dtype with zero rows past V, and the bias (b, then -inf) or None."""
+    """W and b in the compute dtype, with zero rows (entries) past V."""
     v, vp = plan.vocab, plan.padded
+    b = bias.to(dtype) if bias is not None else None
     if vp == v:
-        w = weight.to(dtype)
-        return w, (bias.to(dtype) if bias is not None else None)
+        return weight.to(dtype), b
     w = torch.empty(vp, weight.shape[1], dtype=dtype, device=weight.device)
     w[:v].copy_(weight)
     w[v:].zero_()
-    b = torch.full((vp,), float("-inf"), dtype=dtype, device=weight.device)
-    if bias is not None:
-        b[:v].copy_(bias)
-    else:
-        b[:v].zero_()
+    if b is not None:
+        b = torch.cat([b, b.new_zeros(vp - v)])
     return w, b
 
 
@@ -203,6 +201,8 @@ def forward(
             torch.addmm(b, xs, w.t(), out=logits)
         else:
             torch.mm(xs, w.t(), out=logits)
+        if vp != v:  # the padding columns take no part in the softmax
+            logits[:, v:].fill_(float("-inf"))
         t = target[start:end]
         kernel = chunk_kernel(logits, t, scale, ignore_index, label_smoothing)
         kernel.run(logits, t, scale, rows[start:end])
@@ -314,7 +314,7 @@ def describe(node: fx.Node) -> str:
         f"chunked linear + cross-entropy (fuser/dynamo/linear_ce.py): logits [{n}, {v}] "
         f"{str(cd).replace('torch.', '')} never whole; {plan.line()}",
         *plan.reasons,
-        f"per chunk: {'addmm' if plan.padded != v or node.args[2] is not None else 'mm'}"
+        f"per chunk: {'addmm' if node.args[2] is not None else 'mm'}"
         " logits, fuser's one-pass cross-entropy kernel (loss rows + dlogits), mm dX, "
         f"dW: {accumulation(x.device, cd)}",
     ]
