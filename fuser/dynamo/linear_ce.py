@@ -22,13 +22,20 @@ kernels for all three matmuls (pad_mm.py: 30 ms against 6 ms for a GPT-2 step's 
 head). The weight is copied once into a [V', H] buffer with V' aligned and zero rows past
 V, and each chunk's logits past V are set to -inf (a write of V' - V columns): those
 columns take no part in the softmax, their gradient is exactly 0, and the matmuls run
-aligned. Not with label smoothing (its
-term sums every column), where V stays as it is. A target in [V, V') would pick a -inf
-logit, so it is checked here (the kernel checks [0, V')).
+aligned. Not with label smoothing (its term sums every column), where V stays as it is. A
+target in [V, V') would pick a -inf logit, so it is checked here (the kernel checks
+[0, V')).
 
-Autocast: the op is called with the tensors autocast would have cast (the rewrite passes
-`compute_dtype`, the dtype of the linear's result), and casts them itself: x and W to the
-compute dtype, dX back to x's dtype, dW (float32) to W's.
+Precision: dW sums one product per chunk. In bf16 each sum would round again (k chunks,
+k roundings); in float32 the chunks add as exactly as one GEMM's own fp32 accumulation
+does, and dW reaches W in W's dtype: float32 master weights get a float32 dW, closer to
+the fp32 truth than eager's, whose one bf16 GEMM rounds dW to bf16 before the cast back.
+dX is one GEMM per row block, as eager's rows are: no sum across chunks, no difference.
+
+Autocast: the op takes x and W as they were before autocast's casts (the rewrite passes
+`compute_dtype`, the dtype the linear's result had) and casts them itself: x and W to the
+compute dtype, dX back to x's dtype, dW (float32) to W's; the loss is float32 (`upcast`)
+as eager's is under autocast.
 """
 
 from __future__ import annotations
