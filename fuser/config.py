@@ -16,6 +16,10 @@ FUSER_COMPILE_WORKERS  threads that compile a graph's kernels ahead of its first
 FUSER_ONE_PASS_CE  0 leaves F.cross_entropy to AOTAutograd's log_softmax + nll_loss (default
               1: when a backward will run, loss and gradient in one kernel,
               fuser/dynamo/ce_op.py)
+FUSER_LINEAR_CE  whether torch.compile(backend="fuser") fuses an lm head into its cross-entropy
+              (fuser/dynamo/linear_ce.py: the logits made and consumed a chunk of rows at a
+              time, never whole): "auto" (default: on for CUDA logits of >= 256 MiB), "1"
+              (wherever the pattern is found), "0" (off); needs FUSER_ONE_PASS_CE on
 FUSER_ATTENTION  which runs torch.compile(backend="fuser") graphs' attentions: "sdpa" (default:
               ATen's SDPA kernels), "template" (fuser's Triton flash attention wherever it
               applies), "auto" (the template where a measurement on this GPU, made on first
@@ -53,6 +57,7 @@ class Config:
     one_pass_cross_entropy: bool = True
     attention: str = "sdpa"
     gemm: str = "aten"
+    linear_cross_entropy: str = "auto"
 
 
 def _read() -> Config:
@@ -68,6 +73,7 @@ def _read() -> Config:
         one_pass_cross_entropy=os.environ.get("FUSER_ONE_PASS_CE", "1") not in ("", "0"),
         attention=os.environ.get("FUSER_ATTENTION", "sdpa") or "sdpa",
         gemm=os.environ.get("FUSER_GEMM", "aten") or "aten",
+        linear_cross_entropy=os.environ.get("FUSER_LINEAR_CE", "auto") or "auto",
     )
 
 
