@@ -13,8 +13,10 @@ import torch
 from fuser.backends.registry import get_backend
 from fuser.config import config, debug_print
 from fuser.errors import InputError
+from fuser.ir.broadcast import row_map
 from fuser.ir.evaluate import constant_ids, eval_node, evaluate
 from fuser.ir.graph import Graph, Value
+from fuser.ir.ops import INDEXED, Op
 from fuser.passes import Pipeline, run_pipeline
 from fuser.plan.build import make_plan
 from fuser.runtime import timing
@@ -206,6 +208,8 @@ def _flat_pointwise(seg: Segment, args: list[Arg]) -> tuple[Segment, list[Arg]] 
             continue
         if a.kind != Kind.FULL or a.col_stride != 1 or (rows > 1 and a.row_stride != cols):
             return None
+        if a.row_dims:
+            return None
     total = rows * cols
     width = min(total & -total, FLAT_WIDTH)  # the largest power of two dividing total
     if width < FLAT_MIN_WIDTH or cols % width == 0:
@@ -213,6 +217,35 @@ def _flat_pointwise(seg: Segment, args: list[Arg]) -> tuple[Segment, list[Arg]] 
     flat = replace(layout, domain=(total // width, width))
     args = [replace(a, row_stride=width, col_stride=1) if a.kind == Kind.FULL else a for a in args]
     return replace(seg, layout=flat), args
+
+
+def strided_rows(seg: Segment, v: Value, t: Any, kind: Kind) -> tuple:
+    """(row_dims, row_stride, col_stride) of kernel input `v` (tensor facts `t`) when its
+    rows are not one stride apart: it is the operand of a broadcast over part of the row
+    dims (ir.broadcast.row_map), or a FULL/ROW view whose row dims do not collapse (a
+    transposed q). () otherwise: view_2d's strides, or a contiguous copy."""
+    layout = seg.layout
+    assert layout is not None
+    lead = layout.domain[:-1]
+    stride, shape = list(t.stride()), list(t.shape)
+    bcast = next(
+        (n for n in seg.nodes if n.op == Op.BROADCAST_IN_DIM and n.inputs[0].id == v.id), None
+    )
+    mapping = row_map(bcast, layout.domain) if bcast is not None else None
+    if mapping is not None:
+        dims = tuple((n, stride[i] if i >= 0 else 0) for n, i in zip(lead, mapping))
+        real = [i for i, d in enumerate(bcast.attr("broadcast_dims")) if d == len(lead)]
+        col = stride[real[0]] if real and shape[real[0]] != 1 else 1
+    elif kind in (Kind.FULL, Kind.ROW) and len(lead) > 1 and view_2d(t, kind, 0) is None:
+        if tuple(shape[: len(lead)]) != tuple(lead) or any(n.op in INDEXED for n in seg.nodes):
+            return ()
+        dims = tuple((n, st if n != 1 else 0) for n, st in zip(lead, stride))
+        col = (stride[-1] if shape[-1] != 1 else 1) if kind == Kind.FULL else 0
+    else:
+        return ()
+    if kind == Kind.ROW:
+        col = 0
+    return dims, math.gcd(*(st for _, st in dims)), col
 
 
 def build_specs(
@@ -241,6 +274,10 @@ def build_specs(
                 if any(n.op.value == "const" and n.out.id == v.id for n in seg.nodes):
                     continue
                 t, align = facts[v.id]
+                dims = () if is_out else strided_rows(seg, v, t, kind)
+                if dims:  # read in place through its own row strides (Arg.row_dims)
+                    args.append(Arg(v, kind, is_out, *dims[1:], align, row_dims=dims[0]))
+                    continue
                 st = (
                     view_2d(t, kind, layout.rows)
                     if not is_out
