@@ -1,9 +1,10 @@
 """Rotary embeddings in fuser kernels: a broadcast over part of the row dims (cos/sin
-[B, T, D] read for q [B, H, T, D], classify.row_map) and an input whose row dims do not
-collapse (q, a transposed [B, T, H, D] projection) are read in place through per-dim row
-strides (Arg.row_dims), not materialized or copied; rotate_half's slices and cat are
-column index maps. On both backends at the fusion level, and through torch.compile on
-transformers' tiny Llama (forward and backward parity, and which ops fused)."""
+[B, T, D] read for q [B, H, T, D], ir.broadcast.row_map) and an input or output whose
+row dims do not collapse (q, a transposed [B, T, H, D] projection) are read and written
+in place through per-dim row strides (Arg.row_dims), not materialized or copied;
+rotate_half's slices and cat are column index maps. On both backends at the fusion
+level, and through torch.compile on transformers' tiny Llama (forward and backward
+parity, and which ops fused)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,27 @@ def test_row_broadcast_over_some_row_dims(backend):
     assert len(fd.kernels) == 1 and "ATen fallback" not in fd.explain()
 
 
+def test_row_norm_of_a_transposed_input_into_a_transposed_output(backend):
+    """A row reduction (RMSNorm over D, as Qwen3's q_norm) of q [B, H, T, D] seen through
+    a transpose, written back in the transposed layout (fd.output_strides): read and
+    written in place by the persistent kernel, rows odd (D = 40)."""
+    d = 40
+    with fuser.FusionDefinition("q_norm") as fd:
+        q = fd.define_tensor([B, H, T, d], torch.bfloat16)
+        w = fd.define_tensor([d], torch.bfloat16)
+        y = fd.ops.rms_norm(fd.ops.cast(q, torch.float32), fd.ops.cast(w, torch.float32))
+        fd.add_output(fd.ops.cast(y, torch.bfloat16))
+    fd.output_strides[0] = (T * H * d, d, H * d, 1)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, T, H, d, generator=g).bfloat16().transpose(1, 2)
+    w = torch.randn(d, generator=g).bfloat16()
+    (out,) = fd.execute([q, w])
+    want = torch.nn.functional.rms_norm(q.double(), (d,), w.double(), eps=1e-6)
+    assert out.stride() == q.stride()
+    torch.testing.assert_close(out.double(), want, rtol=2**-7, atol=1e-2)
+    assert len(fd.kernels) == 1 and "contiguous copies" not in fd.explain()
+
+
 # -- torch.compile: transformers' Llama ------------------------------------------------
 @pytest.fixture
 def _fresh_dynamo():
@@ -122,6 +144,7 @@ def test_tiny_llama_rotary_fuses_forward_and_backward(_fresh_dynamo):
         for r in rotary:
             plan = r.fd._runtime().last
             assert all(s.fused for s in plan.segments), (r.name, plan.explain())
+            assert not r.restrided  # q/k written in transformers' layout, in place
             # the rotations (rotate_half's neg); the cos/sin kernel of the first layer has none
             turns = [k for k in plan.kernels.values() if "neg" in k.spec.segment.ops_summary()]
             assert turns and all("broadcast_in_dim" in k.spec.segment.ops_summary() for k in turns)
