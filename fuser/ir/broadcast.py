@@ -23,4 +23,3 @@ def row_map(node: Node, domain: tuple[int, ...]) -> tuple[int, ...] | None:
     if not real or set(real) == wanted:
         return None
     return tuple(real.get(d, -1) for d in range(lead))
-
