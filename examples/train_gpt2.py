@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
-from fuser.examples.distributed import WRAPPERS, init, mean_over_ranks, rank_seed, wrap
+from fuser.examples.distributed import (
+    WRAPPERS,
+    init,
+    max_over_ranks,
+    mean_over_ranks,
+    rank_seed,
+    wrap,
+)
 from fuser.examples.gpt2 import GPT, get_config
 
 # inductor-ro: Inductor with mode="reduce-overhead" (its CUDA-graph trees); fuser-cg: fuser
@@ -53,6 +60,9 @@ class RunResult:
     graphs: int = 0
     recompiles: int = 0
     error: str = ""
+    wrapper: str = ""  # ddp | fsdp | "" (one process)
+    world: int = 1  # processes (GPUs) training together; tokens_per_s is per process
+    comm: dict = field(default_factory=dict)  # communication overlap (--trace-steps)
 
 
 class CountingBackend:
@@ -127,27 +137,28 @@ def run_training(
     warmup: int = 3,
     log: bool = True,
     keep: dict | None = None,
+    trace_steps: int = 0,
 ) -> RunResult:
-    """Train `model` one step per batch; returns losses, timings, memory, compile counts.
-    `keep`, if given, receives the compiled model and the optimizer ("model", "opt")."""
+    """Train `model` one step per batch; returns losses, timings, memory (the most any
+    rank used), compile counts. `keep`, if given, receives the compiled model and the
+    optimizer ("model", "opt"). `trace_steps` > 0: that many more steps (on the last
+    batches again) under torch.profiler, for how much communication the compute hid."""
     device = str(next(model.parameters()).device)
     cuda = device.startswith("cuda")
     b, t = batches[0][0].shape
     res = RunResult(backend, config, b, t, len(batches), device, amp if cuda else "none")
     counter = make_backend(backend)
     step_model = torch.compile(model, backend=counter) if counter is not None else model
-    # fused AdamW on plain CUDA tensors; FSDP2's sharded parameters (DTensors) take the
-    # default (foreach) implementation
-    sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
+    # fused AdamW on a GPU, FSDP2's sharded parameters (DTensors) too: DTensor shards the
+    # fused kernel like any pointwise op, where the foreach path pays its dispatch per op
     opt = torch.optim.AdamW(
-        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda and not sharded
+        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda
     )
     use_amp = cuda and amp == "bf16"
     if keep is not None:
         keep.update(model=step_model, opt=opt, amp=use_amp, cudagraph_steps=backend in CUDAGRAPHS)
-    for i, (x, y) in enumerate(batches):
-        _sync(device)
-        t0 = time.perf_counter()
+
+    def one_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if backend in CUDAGRAPHS:  # a new step: earlier graph outputs may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
@@ -155,6 +166,12 @@ def run_training(
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss
+
+    for i, (x, y) in enumerate(batches):
+        _sync(device)
+        t0 = time.perf_counter()
+        loss = one_step(x, y)
         res.losses.append(mean_over_ranks(loss))  # also synchronizes
         _sync(device)
         res.step_ms.append((time.perf_counter() - t0) * 1e3)
@@ -163,15 +180,37 @@ def run_training(
                 f"  [{backend}] step {i:3d}  loss {res.losses[-1]:.5f}  {res.step_ms[-1]:9.1f} ms",
                 flush=True,
             )
+    if trace_steps and cuda:
+        res.comm = traced_overlap(one_step, batches, trace_steps, device)
     timed = res.step_ms[warmup:] or res.step_ms[-1:]
     res.ms_per_step = statistics.median(timed)
     res.tokens_per_s = b * t / (res.ms_per_step / 1e3)
     res.first_step_s = res.step_ms[0] / 1e3
     if cuda:
-        res.peak_mem_gib = torch.cuda.max_memory_allocated() / 2**30
+        res.peak_mem_gib = max_over_ranks(torch.cuda.max_memory_allocated() / 2**30)
+    if torch.distributed.is_initialized():
+        res.world = torch.distributed.get_world_size()
     if counter is not None:
         res.graphs, res.recompiles = len(counter.compile_ids), counter.recompiles
     return res
+
+
+def traced_overlap(
+    one_step: Any, batches: list[tuple[torch.Tensor, torch.Tensor]], n: int, device: str
+) -> dict:
+    """`n` steps under torch.profiler (every rank steps: the collectives need all of them);
+    how much of the GPU's communication time compute kernels overlapped, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fuser.profile.capture import export_trace
+    from fuser.profile.overlap import trace_overlap
+
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for x, y in batches[-n:]:
+            one_step(x, y)
+        _sync(device)
+    return trace_overlap(export_trace(prof), steps=min(n, len(batches)))
 
 
 def fresh_model(config: str, device: str, vocab: int | None, seed: int) -> torch.nn.Module:
@@ -186,9 +225,11 @@ def fresh_model(config: str, device: str, vocab: int | None, seed: int) -> torch
 
 def summary(res: RunResult) -> str:
     mem = f"{res.peak_mem_gib:.2f} GiB" if res.peak_mem_gib == res.peak_mem_gib else "n/a (CPU)"
+    per = f" per process ({res.world} x {res.wrapper})" if res.world > 1 else ""
+    most = " (the most of any rank)" if per and res.peak_mem_gib == res.peak_mem_gib else ""
     return (
-        f"{res.backend}: {res.ms_per_step:.1f} ms/step, {res.tokens_per_s:,.0f} tokens/s, "
-        f"peak memory {mem}, first step {res.first_step_s:.1f} s, {res.graphs} graph(s), "
+        f"{res.backend}: {res.ms_per_step:.1f} ms/step, {res.tokens_per_s:,.0f} tokens/s{per}, "
+        f"peak memory {mem}{most}, first step {res.first_step_s:.1f} s, {res.graphs} graph(s), "
         f"{res.recompiles} recompile(s), final loss {res.losses[-1]:.4f}"
     )
 
@@ -215,6 +256,12 @@ def main(argv: list[str] | None = None) -> RunResult:
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's gradient buckets")
     ap.add_argument(
         "--dist-backend", default=None, help="nccl (GPUs) or gloo (CPU, or ranks sharing a GPU)"
+    )
+    ap.add_argument(
+        "--trace-steps",
+        type=int,
+        default=0,
+        help="profile this many more steps: how much communication the compute hid",
     )
     args = ap.parse_args(argv)
     how = next((h for h in WRAPPERS if getattr(args, h)), None)
@@ -248,12 +295,21 @@ def main(argv: list[str] | None = None) -> RunResult:
         lr=args.lr,
         warmup=args.warmup,
         log=lead,
+        trace_steps=args.trace_steps,
     )
+    res.wrapper = how or ""
     if how is not None:
         torch.distributed.destroy_process_group()
     if not lead:
         return res
     print(summary(res))
+    if res.comm:
+        c = res.comm
+        print(
+            f"communication per step: {c['comm_ms']:.2f} ms, {c['comm_overlapped_ms']:.2f} ms "
+            f"of it under compute ({c['overlap_fraction']:.0%}), {c['comm_exposed_ms']:.2f} "
+            "ms exposed"
+        )
     if args.explain and args.backend.startswith("fuser"):
         import fuser
 

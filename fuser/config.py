@@ -16,6 +16,10 @@ FUSER_COMPILE_WORKERS  threads that compile a graph's kernels ahead of its first
 FUSER_ONE_PASS_CE  0 leaves F.cross_entropy to AOTAutograd's log_softmax + nll_loss (default
               1: when a backward will run, loss and gradient in one kernel,
               fuser/dynamo/ce_op.py)
+FUSER_LINEAR_CE  whether torch.compile(backend="fuser") fuses an lm head into its cross-entropy
+              (fuser/dynamo/linear_ce.py: the logits made and consumed a chunk of rows at a
+              time, never whole): "auto" (default: on for CUDA logits of >= 256 MiB), "1"
+              (wherever the pattern is found), "0" (off); needs FUSER_ONE_PASS_CE on
 FUSER_ATTENTION  which runs torch.compile(backend="fuser") graphs' attentions: "sdpa" (default:
               ATen's SDPA kernels), "template" (fuser's Triton flash attention wherever it
               applies), "auto" (the template where a measurement on this GPU, made on first
@@ -24,6 +28,12 @@ FUSER_SCATTER  how scatter-adds (embedding backward, index_add, index_put with a
               "sorted" (default: indices sorted, each output row summed in fp32 in a fixed
               order, deterministic) or "atomic" (fp32 atomic adds, no sort, not
               deterministic); fuser/schedulers/scatter.py
+FUSER_GEMM    which runs torch.compile(backend="fuser") graphs' matmuls: "aten" (default: cuBLAS,
+              the graph unchanged), "template" (fuser's Triton GEMM template with the bias,
+              GELU, residual, GELU-backward and bias-gradient work around it fused, wherever
+              it applies), "auto" (the template where the roofline estimate, or on a GPU a
+              measurement made on first use and cached on disk, says it is faster);
+              fuser/schedulers/gemm.py
 FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
               (overflow, invalid value, divide by zero) from generated kernels: the test
               suite's check that a kernel computes no inf or NaN that eager does not (default
@@ -51,6 +61,8 @@ class Config:
     one_pass_cross_entropy: bool = True
     attention: str = "sdpa"
     scatter: str = "sorted"
+    gemm: str = "aten"
+    linear_cross_entropy: str = "auto"
 
 
 def _read() -> Config:
@@ -66,6 +78,8 @@ def _read() -> Config:
         one_pass_cross_entropy=os.environ.get("FUSER_ONE_PASS_CE", "1") not in ("", "0"),
         attention=os.environ.get("FUSER_ATTENTION", "sdpa") or "sdpa",
         scatter=os.environ.get("FUSER_SCATTER", "sorted") or "sorted",
+        gemm=os.environ.get("FUSER_GEMM", "aten") or "aten",
+        linear_cross_entropy=os.environ.get("FUSER_LINEAR_CE", "auto") or "auto",
     )
 
 

@@ -5,6 +5,8 @@ Dynamo's DDPOptimizer splits at DDP's bucket boundaries and the blocks FSDP2 sha
 them as on one process (strict: a fuser failure raises instead of falling back), and
 trains as eager DDP / FSDP2 does: the same loss at every step, the same gradients after
 the first. Each rank trains on its own batches, so the gradients are truly all-reduced.
+With a GPU (item 4) the same runs again with both ranks on GPU 0, still over gloo: a check
+of fuser's GPU kernels under DDP / FSDP2 on a one-GPU machine, never a timing.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
     return grad.to_local() if hasattr(grad, "to_local") else grad
 
 
-def _train(rank: int, how: str, init_file: str, out: str) -> None:
+def _train(rank: int, how: str, device: str, init_file: str, out: str) -> None:
     """One rank: eager, then fuser, from the same weights on the same batches."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
@@ -41,18 +43,20 @@ def _train(rank: int, how: str, init_file: str, out: str) -> None:
     for name in ("eager", "fuser"):
         torch._dynamo.reset()
         torch.manual_seed(0)
-        model = wrap(GPT(cfg), how, bucket_cap_mb=1)
+        model = wrap(GPT(cfg).to(device), how, bucket_cap_mb=1, mixed=False)
         backend = FuserBackend(strict=True)
         step = torch.compile(model, backend=backend) if name == "fuser" else model
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(1 + rank)
         losses, grads = [], {}
         for i in range(STEPS):
-            idx = torch.randint(0, cfg.vocab_size, (2, 9), generator=g)
+            idx = torch.randint(0, cfg.vocab_size, (2, 9), generator=g).to(device)
             _, loss = step(idx[:, :-1], idx[:, 1:])
             loss.backward()
             if i == 0:
-                grads = {n: _local(p.grad).detach().clone() for n, p in model.named_parameters()}
+                grads = {
+                    n: _local(p.grad).detach().cpu().clone() for n, p in model.named_parameters()
+                }
             opt.step()
             opt.zero_grad()
             losses.append(mean_over_ranks(loss))
@@ -65,11 +69,15 @@ def _train(rank: int, how: str, init_file: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
 @pytest.mark.parametrize("how", ["ddp", "fsdp"])
-def test_two_processes_train_as_eager(how: str, tmp_path: Path) -> None:
+def test_two_processes_train_as_eager(how: str, device: str, tmp_path: Path) -> None:
     init_file = tempfile.mktemp(dir=tmp_path)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_train, args=(how, init_file, str(tmp_path)), nprocs=WORLD)
+    mp.spawn(_train, args=(how, device, init_file, str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
     for res in ranks:
         eager, fused = res["eager"], res["fuser"]

@@ -75,6 +75,9 @@ class Backend:
     # "threads": compile() in a pool of threads (the compiler releases the GIL);
     # "warmup": Triton's JIT warm-up under its async compile mode; "": at first launch
     ahead_of_time: str = ""
+    # whether it renders the GEMM template (fuser/schedulers/gemm.py); without one,
+    # matmuls go to cuBLAS (fuser/dynamo/gemm.py)
+    gemm_template: bool = False
 
     def render(self, plan: KernelPlan) -> str:
         """The kernel's source (with its finalize kernel, if the plan has one)."""

@@ -17,6 +17,7 @@ class TritonBackend(Backend):
     name = "triton"
     extension = "py"
     ahead_of_time = "warmup"
+    gemm_template = True
     # prefetching lost 5-7% at 2+ blocks/SM (12288, 16384) and won 12% at 1 (20480)
     # outer reductions: the H100 sweep (benchmarks/results/h100-2026-11-25-outer-sweep/
     # sweep.jsonl, 445 schedules of dy.float().sum(0) at 8192x768, 8192x3072, 32768x3072)

@@ -21,7 +21,7 @@ import torch
 from torch import fx
 
 from fuser.config import config, debug_print
-from fuser.dynamo.ce_rewrite import one_pass_cross_entropy
+from fuser.dynamo.ce_rewrite import chunk_linear_cross_entropy, one_pass_cross_entropy
 from fuser.dynamo.graph_text import graph_text
 from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_graph
 from fuser.dynamo.program import cudagraphs
@@ -84,6 +84,7 @@ class Capture:
     # where its first step's time went (tracing, lowering, compiling, first calls)
     timings: timing.Ledger = field(default_factory=timing.Ledger)
     cross_entropy: int = 0  # F.cross_entropy calls made one-pass (ce_rewrite.py)
+    linear_ce: list[str] = field(default_factory=list)  # lm heads found, chunked or not
 
     def takes_any(self, ids: set[int]) -> bool:
         """Whether a live input of this capture is one of the tensors with these ids."""
@@ -243,6 +244,7 @@ class FuserBackend:
         before = ledger.seconds.get("lowering", 0.0) + ledger.seconds.get("compiling", 0.0)
         t0 = time.perf_counter()
         if config.one_pass_cross_entropy:
+            capture.linear_ce = chunk_linear_cross_entropy(gm)
             capture.cross_entropy = one_pass_cross_entropy(gm)
         compiled = aot_autograd(**kwargs)(gm, example_inputs)
         spent = time.perf_counter() - t0

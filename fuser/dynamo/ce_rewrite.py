@@ -1,5 +1,14 @@
 """Rewrites around fuser::cross_entropy (ce_op.py): the Dynamo graph's cross_entropy
-calls become the one-pass op, and the backward's scaling of its gradient runs in place.
+calls become the one-pass op, an lm head feeding one becomes the chunked
+fuser::linear_cross_entropy (linear_ce.py), and the backward's scaling of a saved
+gradient runs in place.
+
+`chunk_linear_cross_entropy` runs first, on the same Dynamo graph: `F.linear(x, W[, b])`,
+then views to [N, V] and an upcast at most, then F.cross_entropy, where nothing else reads
+the logits, becomes one call whose logits never exist whole. config.linear_cross_entropy
+(FUSER_LINEAR_CE) says when: "auto" takes CUDA logits of AUTO_MIN_LOGITS_BYTES or more,
+"1" any, "0" none; each lm head found gets a note saying what was done and why (explain
+shows them), a model that returns its logits too among them.
 
 `one_pass_cross_entropy` runs on the graph Dynamo captured, before AOTAutograd, and only
 when a backward will run (grad mode on, logits requiring grad): there AOTAutograd still
@@ -23,7 +32,9 @@ import torch.nn.functional as F
 from torch import fx
 
 import fuser.dynamo.ce_op as ce_op
+from fuser.config import config
 from fuser.dynamo.ce_scale import scale_in_place
+from fuser.dynamo.linear_ce import AUTO_MIN_LOGITS_BYTES, plan_chunks
 
 _CE = (F.cross_entropy, torch.nn.functional.cross_entropy)
 _HALF = (torch.float16, torch.bfloat16)
@@ -141,6 +152,126 @@ def one_pass_cross_entropy(gm: fx.GraphModule) -> int:
         graph.eliminate_dead_code()
         gm.recompile()
     return done
+
+
+_LINEAR = (F.linear, torch._C._nn.linear)
+
+
+def _lm_head(ce: fx.Node) -> tuple[fx.Node | None, list[fx.Node], bool]:
+    """(the linear feeding this cross-entropy through views and upcasts, the nodes in
+    between, upcast?), whatever else reads them; (None, ...) when it is not a linear."""
+    chain: list[fx.Node] = []
+    n, upcast = ce.args[0], False
+    while isinstance(n, fx.Node) and (_is_view(n) or _is_upcast(n)):
+        upcast = upcast or _is_upcast(n)
+        chain.append(n)
+        n = n.args[0]
+    if isinstance(n, fx.Node) and n.op == "call_function" and n.target in _LINEAR:
+        return n, chain, upcast
+    return None, chain, upcast
+
+
+def _head_problem(ce: fx.Node, lin: fx.Node, chain: list[fx.Node]) -> str | None:
+    """Why this lm head + cross-entropy is not chunked (None: it can be)."""
+    others = [u.name for n in [lin, *chain] for u in n.users if u not in (*chain, ce)]
+    if others:
+        return (
+            f"the logits are also read by {', '.join(others[:3])} (a model that returns "
+            "its logits, say: they would have to exist whole anyway)"
+        )
+    x, w = (_val(a) for a in lin.args[:2])
+    b = _val(_argument(lin, 2, "bias", None))
+    logits, flat, t = _val(lin), _val(ce.args[0]), _val(ce.args[1])
+    vals = (x, w, logits, flat, t)
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        return "no shapes traced"
+    if any(isinstance(s, torch.SymInt) for v in vals for s in v.shape):
+        return "symbolic sizes"
+    if w.dim() != 2 or flat.dim() != 2 or flat.shape[1] != w.shape[0] or t.dim() != 1:
+        return f"logits {list(flat.shape)} of a weight {list(w.shape)}: not [N, V] rows"
+    if flat.numel() != logits.numel() or logits.shape[-1] != w.shape[0]:
+        return "the views do more than flatten the leading dims"
+    if t.dtype not in (torch.int64, torch.int32) or not logits.dtype.is_floating_point:
+        return f"{logits.dtype} logits, {t.dtype} targets"
+    if not (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+        return "nothing requires a gradient (no training step)"
+    return None
+
+
+def _mode_problem(logits: torch.Tensor, mode: str) -> str | None:
+    """Why "auto" leaves these logits alone (None: it takes them, or mode is "1")."""
+    if mode == "1":
+        return None
+    if logits.device.type != "cuda":
+        return f"auto: the logits are on {logits.device.type} (FUSER_LINEAR_CE=1 forces it)"
+    size = logits.numel() * logits.element_size()
+    if size < AUTO_MIN_LOGITS_BYTES:
+        return (
+            f"auto: the logits are {size / 2**20:.0f} MiB, under "
+            f"{AUTO_MIN_LOGITS_BYTES >> 20} MiB (FUSER_LINEAR_CE=1 forces it)"
+        )
+    return None
+
+
+def _chunk_one(graph: fx.Graph, ce: fx.Node, lin: fx.Node, upcast: bool, opts: tuple) -> str:
+    """Replace one lm head + cross-entropy by the op; returns what it became."""
+    x, logits = _val(lin.args[0]), _val(lin)
+    n, v = logits.numel() // logits.shape[-1], logits.shape[-1]
+    reduction, ignore, smoothing = opts
+    # the loss in eager's dtype: float32 under autocast even without a .float()
+    want = _val(ce)
+    upcast = upcast or (want is not None and want.dtype == torch.float32)
+    upcast = upcast and logits.dtype != torch.float32
+    with graph.inserting_before(ce):
+        xs = lin.args[0]
+        if x.dim() != 2:
+            xs = graph.call_method("reshape", (xs, (n, x.shape[-1])))
+        bias = _argument(lin, 2, "bias", None)
+        args = (xs, lin.args[1], bias, ce.args[1], reduction, ignore, smoothing)
+        args += (logits.dtype, upcast, 0)  # chunk_rows 0: linear_ce.plan_chunks decides
+        out = graph.call_function(torch.ops.fuser.linear_cross_entropy.default, args)
+        loss = graph.call_function(operator.getitem, (out, 0))
+    ce.replace_all_uses_with(loss)
+    graph.erase_node(ce)
+    plan = plan_chunks(n, v, logits.dtype, smoothing)
+    size = f"{logits.numel() * logits.element_size() / 2**20:.0f} MiB"
+    how = "forced: FUSER_LINEAR_CE=1" if config.linear_cross_entropy == "1" else "auto"
+    return (
+        f"chunked into fuser::linear_cross_entropy ({how}); logits [{n}, {v}] "
+        f"{str(logits.dtype).replace('torch.', '')} ({size}) never whole: {plan.line()}"
+    )
+
+
+def chunk_linear_cross_entropy(gm: fx.GraphModule) -> list[str]:
+    """Replace `cross_entropy(linear(x, W[, b]))` by fuser::linear_cross_entropy where
+    config.linear_cross_entropy says so; one note per lm head found."""
+    mode = config.linear_cross_entropy
+    if mode not in ("0", "1", "auto"):
+        raise ValueError(f"FUSER_LINEAR_CE={mode!r}; expected 0, 1 or auto")
+    if mode == "0" or not torch.is_grad_enabled():
+        return []
+    notes: list[str] = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _CE or len(node.args) < 2:
+            continue
+        lin, chain, upcast = _lm_head(node)
+        if lin is None:
+            continue
+        opts = _options(node)
+        why = _head_problem(node, lin, chain)
+        if why is None and (opts is None or opts[0] == 0):
+            why = "reduction 'none' (per-row losses: nothing to accumulate), or an option "
+            why += "the one-pass cross-entropy does not take (class weights, say)"
+        why = why or _mode_problem(_val(lin), mode)
+        head = f"lm head {lin.name} -> {node.name}"
+        if why is not None:
+            notes.append(f"{head}: not chunked: {why}")
+            continue
+        notes.append(f"{head}: {_chunk_one(gm.graph, node, lin, upcast, opts)}")
+    if any("chunked into" in note for note in notes):
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return notes
 
 
 def scale_saved_gradient_in_place(gm: fx.GraphModule) -> int:

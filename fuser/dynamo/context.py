@@ -30,6 +30,10 @@ LOWERINGS: dict[Any, Lowering] = {}
 # them is not worth a kernel, and as a region's outputs they would be materialized
 FREE: set[Any] = set()
 
+# ops that stay calls but are fuser's own (an FX node -> explain's text of what it does):
+# fuser::linear_cross_entropy (linear_ce.py) runs its kernels inside the call
+EXPLAINED: dict[Any, Callable[[fx.Node], str]] = {}
+
 SUPPORTED_DTYPES = {d.torch for d in DType}
 
 

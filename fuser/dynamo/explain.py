@@ -44,6 +44,7 @@ def captures_text(captures: list[Capture], source: bool = False, brief: bool = F
             )
         lines.append(f"\n== capture {c.compile_id}{tag} of {c.where}; inputs {shapes}{more}")
         lines.append(c.timings.text())
+        lines += [f"  {note}" for note in c.linear_ce]
         lines += [graph_text(g, source, brief) for g in c.graphs]
     return "\n".join(lines)
 

@@ -19,7 +19,7 @@ import fuser.dynamo.indexing  # noqa: F401
 import fuser.dynamo.layout  # noqa: F401
 import fuser.dynamo.pointwise  # noqa: F401
 import fuser.dynamo.reductions  # noqa: F401
-from fuser.dynamo.context import FREE, LOWERINGS, LowerCtx, NotLowerable
+from fuser.dynamo.context import EXPLAINED, FREE, LOWERINGS, LowerCtx, NotLowerable
 from fuser.errors import FuserError
 from fuser.frontend.fusion_definition import FusionDefinition
 
@@ -163,6 +163,10 @@ def fallback_reason(node: fx.Node) -> str:
         return node.meta["fuser_attention"]
     if "fuser_scatter" in node.meta:  # a scatter-add: fuser's kernel or ATen (indexing.py)
         return node.meta["fuser_scatter"]
+    if "fuser_gemm" in node.meta:  # a matmul: GEMM template or cuBLAS (dynamo/gemm.py)
+        return node.meta["fuser_gemm"]
+    if t in EXPLAINED:  # fuser's own composite call (dynamo/linear_ce.py)
+        return EXPLAINED[t](node)
     if not isinstance(t, torch._ops.OpOverload):
         return f"Python call {op_name(node)} (size arithmetic or a higher-order op)"
     base = t._schema.name.split("::")[-1]

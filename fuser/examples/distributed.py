@@ -41,9 +41,12 @@ def init(device: str | None = None, backend: str | None = None) -> torch.device:
     return torch.device("cuda", index)
 
 
-def wrap(model: nn.Module, how: str, bucket_cap_mb: float = 25.0) -> nn.Module:
-    """`model` under DDP ("ddp") or FSDP2 ("fsdp": each block sharded, then the whole);
-    on a GPU FSDP2 gathers parameters in bf16 and reduces gradients in fp32."""
+def wrap(
+    model: nn.Module, how: str, bucket_cap_mb: float = 25.0, mixed: bool | None = None
+) -> nn.Module:
+    """`model` under DDP ("ddp") or FSDP2 ("fsdp": each block sharded, then the whole).
+    `mixed` (default: on a GPU) FSDP2 gathers parameters in bf16 and reduces gradients in
+    fp32; otherwise everything stays in the parameters' dtype."""
     if how == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -53,10 +56,11 @@ def wrap(model: nn.Module, how: str, bucket_cap_mb: float = 25.0) -> nn.Module:
     if how == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        on_gpu = next(model.parameters()).is_cuda
+        if mixed is None:
+            mixed = next(model.parameters()).is_cuda
         policy = (
             MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if on_gpu
+            if mixed
             else MixedPrecisionPolicy()
         )
         for block in model.h:
@@ -78,3 +82,13 @@ def mean_over_ranks(value: torch.Tensor) -> float:
     total = value.detach().float().clone()
     dist.all_reduce(total)
     return total.item() / dist.get_world_size()
+
+
+def max_over_ranks(value: float) -> float:
+    """The largest `value` over the ranks (peak memory per GPU is the worst rank's)."""
+    if not dist.is_initialized():
+        return value
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    total = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(total, op=dist.ReduceOp.MAX)
+    return total.item()

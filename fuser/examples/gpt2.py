@@ -117,13 +117,25 @@ class GPT(nn.Module):
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # The embeddings and the head are methods of their own: under FSDP2, Dynamo gives
+        # up on this frame (FSDP's hooks break the graph inside the loop over the blocks)
+        # and compiles the frames it calls instead; with the head inline, the lm head and
+        # the loss would run eagerly. On one GPU Dynamo inlines them: one graph as before.
+        x = self.embed(idx)
+        for block in self.h:
+            x = block(x)
+        return self.head(x, targets)
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
         if t > self.cfg.block_size:
             raise ValueError(f"sequence length {t} exceeds block_size {self.cfg.block_size}")
         pos = torch.arange(t, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
-        for block in self.h:
-            x = block(x)
+        return self.drop(self.wte(idx) + self.wpe(pos))
+
+    def head(
+        self, x: torch.Tensor, targets: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None

@@ -27,7 +27,7 @@ from fuser.bench.measure import copy_gbps
 from fuser.dynamo import CAPTURES
 from fuser.profile.capture import Capture, capture, environment
 from fuser.profile.compare import compare
-from fuser.profile.models import BACKENDS, MODELS, training_step
+from fuser.profile.models import BACKENDS, MODELS, PARAM_DTYPES, training_step
 from fuser.profile.profiler import build, load_run, save_run, used_regions, write
 from fuser.profile.regions import region_table
 
@@ -44,6 +44,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seq", type=int, default=1024 if cuda else 8)
     ap.add_argument("--backend", default="fuser", choices=BACKENDS)
     ap.add_argument("--compare", default=None, choices=BACKENDS, help="a second backend")
+    ap.add_argument(
+        "--param-dtype",
+        default="fp32",
+        choices=PARAM_DTYPES,
+        help="bf16: parameters in bf16 (pure-bf16 training; what FSDP2's mixed precision "
+        "hands each compiled block)",
+    )
     ap.add_argument("--steps", type=int, default=5, help="profiled steps (the median reported)")
     ap.add_argument("--warmup", type=int, default=8, help="steps before (the first compiles)")
     ap.add_argument("--timed", type=int, default=10, help="unprofiled steps, before and after")
@@ -65,7 +72,9 @@ def _run(args: argparse.Namespace) -> list:
         print(f"copy ceiling: {copy:.0f} GB/s", flush=True)
     results = []
     for backend in [args.backend] + ([args.compare] if args.compare else []):
-        step, title = training_step(args.model, backend, args.batch, args.seq, device)
+        step, title = training_step(
+            args.model, backend, args.batch, args.seq, device, param_dtype=args.param_dtype
+        )
         print(f"[{backend}] {title}", flush=True)
         cap = capture(
             step, backend, steps=args.steps, warmup=args.warmup, timed=args.timed,

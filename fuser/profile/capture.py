@@ -145,7 +145,7 @@ class _GcClock:
         gc.callbacks.remove(self)
 
 
-def _export(prof: Any) -> dict:
+def export_trace(prof: Any) -> dict:
     fd, path = tempfile.mkstemp(suffix=".json", prefix="fuser-profile-")
     os.close(fd)
     try:
@@ -186,7 +186,7 @@ def profiled_pass(
             step_fn()
             _sync(cuda)
             windows, ms = _timed_steps(step_fn, steps, cuda, mark=cpu)
-    trace = _export(prof)
+    trace = export_trace(prof)
     return Pass(trace, _on_trace_clock(trace, windows), ms)
 
 

@@ -64,16 +64,30 @@ def _loss(model: Any, x: torch.Tensor, y: torch.Tensor, hf: bool) -> torch.Tenso
     return model(x, y)[1]
 
 
+PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 def training_step(
-    name: str, backend: str, batch: int, seq: int, device: str, seed: int = 0
+    name: str,
+    backend: str,
+    batch: int,
+    seq: int,
+    device: str,
+    seed: int = 0,
+    param_dtype: str = "fp32",
 ) -> tuple[Callable[[], None], str]:
-    """A closure running one training step of `name` compiled by `backend`, and a title."""
+    """A closure running one training step of `name` compiled by `backend`, and a title.
+    `param_dtype` "bf16": the parameters themselves in bf16 (pure-bf16 training, and what
+    FSDP2's mixed precision hands the compiled blocks), still under autocast."""
     torch._dynamo.reset()  # each backend compiles from scratch and frees the last one's
     gc.collect()
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.empty_cache()
     model, vocab, what = build(name, seq, device, seed)
+    if param_dtype not in PARAM_DTYPES:
+        raise ValueError(f"param_dtype={param_dtype!r}; expected one of {list(PARAM_DTYPES)}")
+    model = model.to(PARAM_DTYPES[param_dtype])
     step_model, _ = compiled(model, backend)
     opt = torch.optim.AdamW(
         model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda
@@ -91,4 +105,6 @@ def training_step(
         opt.zero_grad(set_to_none=True)
 
     amp = "bf16 autocast, fused AdamW" if cuda else "fp32, AdamW"
+    if param_dtype != "fp32":
+        amp += f", {param_dtype} parameters"
     return step, f"{what}, B={batch} T={seq}, {amp}"

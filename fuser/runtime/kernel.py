@@ -64,6 +64,17 @@ def _direct_launches(
         return None
 
 
+def _jit_cache_size(kernel: Any) -> int:
+    """How many specialisations Triton's JIT holds compiled for `kernel` on the current
+    device (its per-device cache; 0 where this Triton keeps it elsewhere)."""
+    try:
+        caches = kernel.device_caches
+        device = torch.cuda.current_device()
+        return len(caches[device][0]) if device in caches else 0
+    except (AttributeError, IndexError, TypeError):
+        return 0
+
+
 def device_problem(backend: str, device_type: str) -> str | None:
     """Why this process cannot run `backend`'s kernels on tensors of `device_type`, or None."""
     return get_backend(backend).device_problem(device_type)
@@ -224,6 +235,7 @@ class Kernel:
         t0 = time.perf_counter()
         with on_device:
             kernel = getattr(self._module, self.name)
+            compiled_before = _jit_cache_size(kernel)
             first = kernel[s.grid](*args, num_warps=s.num_warps, **TRITON_OPTIONS)
             fin = None
             if self.workspaces:
@@ -233,6 +245,10 @@ class Kernel:
                 )
         if not interp:  # the JIT compiled it here, unless precompile.py warmed it up
             origin = "warmed up" if self.source in WARMED else "JIT (Triton's cache or compiled)"
+            if self.source in WARMED and _jit_cache_size(kernel) > compiled_before:
+                # the warm-up compiled another specialisation (an argument's alignment or
+                # an integer's divisibility differed): this launch compiled its own
+                origin = "warmed up, but compiled again at its first launch"
             timing.kernel(KernelTime(self.name, "triton", origin, time.perf_counter() - t0))
         if not interp and first is not None:
             self._compiled, self._finalize = first, fin

@@ -1,0 +1,244 @@
+"""Render the GEMM template: one Triton kernel per GemmPlan.
+
+One program computes a BLOCK_M x BLOCK_N tile of C = A @ B: it walks K in BLOCK_K steps
+(tl.dot with an fp32 accumulator; on sm_90 Triton lowers it to wgmma and pipelines the
+loads over num_stages), then applies the plan's epilogue to the fp32 tile and stores it.
+Programs are numbered in GROUP_M row-block groups (each group walks the column blocks
+together, so a column block of B is read from L2 by the whole group). Every operand is
+read through its strides: a transposed A or B (the backward's Xᵀ and Wᵀ) is a stride
+swap, never a copy. Masks for M, N or K bounds are printed only where the plan says the
+tile does not divide the size. Decides nothing: every choice is the plan's.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from fuser.codegen.writer import Writer
+from fuser.schedulers.gemm import GemmPlan
+
+_TL = {"fp16": "tl.float16", "bf16": "tl.bfloat16", "fp32": "tl.float32"}
+
+_PRELUDE = """import triton
+import triton.language as tl
+
+SQRT1_2 = tl.constexpr(0.7071067811865476)
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
+GELU_TANH_C = tl.constexpr(0.044715)
+"""
+
+# the activations and their derivatives, as ATen's gelu and gelu_backward compute them
+_HELPERS = {
+    "tanh": """
+@triton.jit
+def _tanh(x):
+    # sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|): no overflow for large |x|
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+""",
+    "gelu": """
+@triton.jit
+def gelu(x):
+    # x * Phi(x), the normal CDF by erf
+    return 0.5 * x * (1.0 + tl.erf(x * SQRT1_2))
+""",
+    "gelu_tanh": """
+@triton.jit
+def gelu_tanh(x):
+    u = SQRT_2_OVER_PI * (x + GELU_TANH_C * x * x * x)
+    return 0.5 * x * (1.0 + _tanh(u))
+""",
+    "dgelu": """
+@triton.jit
+def gelu_grad(x):
+    # d/dx x * Phi(x) = Phi(x) + x * phi(x)
+    return 0.5 * (1.0 + tl.erf(x * SQRT1_2)) + x * tl.exp(-0.5 * x * x) * INV_SQRT_2PI
+""",
+    "dgelu_tanh": """
+@triton.jit
+def gelu_tanh_grad(x):
+    u = SQRT_2_OVER_PI * (x + GELU_TANH_C * x * x * x)
+    t = _tanh(u)
+    du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_TANH_C * x * x)
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du
+""",
+}
+
+
+def _helpers(plan: GemmPlan) -> list[str]:
+    e = plan.epilogue
+    wanted = []
+    if e.activation != "none":
+        wanted.append(e.activation)
+    if e.gelu_grad != "none":
+        wanted.append("d" + e.gelu_grad)
+    if any(w.endswith("gelu_tanh") for w in wanted):
+        wanted.insert(0, "tanh")
+    return [_HELPERS[w] for w in wanted]
+
+
+def header(plan: GemmPlan) -> str:
+    lines = [
+        f"fuser GEMM template {plan.name} (triton), generated: edit the plan, not this file",
+        *plan.explain().splitlines(),
+        f"arguments: {', '.join(plan.signature())}",
+    ]
+    return '"""' + "\n".join(lines) + '\n"""\n'
+
+
+def _and(*parts: str) -> str:
+    kept = [p for p in parts if p]
+    return " & ".join(f"({p})" for p in kept) if len(kept) > 1 else (kept[0] if kept else "")
+
+
+def _load(ptr: str, mask: str) -> str:
+    return f"tl.load({ptr}, mask={mask}, other=0.0)" if mask else f"tl.load({ptr})"
+
+
+def _store(ptr: str, value: str, mask: str) -> str:
+    return f"tl.store({ptr}, {value}, mask={mask})" if mask else f"tl.store({ptr}, {value})"
+
+
+def render_gemm(plan: GemmPlan) -> str:
+    """The Triton source of the plan's kernel, with its header."""
+    w = Writer()
+    w.line("@triton.jit")
+    args = ", ".join(plan.signature())
+    consts = "BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr"
+    with w.block(f"def {plan.name}("):
+        for line in textwrap.wrap(args + ",", 88, break_long_words=False):
+            w.line(line)
+        w.line(f"{consts}, GROUP_M: tl.constexpr,")
+    w.line("):")
+    with w.block():
+        _program_tile(w, plan)
+        _main_loop(w, plan)
+        _epilogue(w, plan)
+    return "\n".join([header(plan), _PRELUDE, *_helpers(plan), "", w.text()])
+
+
+def _program_tile(w: Writer, plan: GemmPlan) -> None:
+    w.line("pid = tl.program_id(0)")
+    w.line("grid_m = tl.cdiv(M, BLOCK_M)")
+    w.line("grid_n = tl.cdiv(N, BLOCK_N)")
+    w.comment("GROUP_M row blocks take the column blocks in turn: B's tiles are reused from L2")
+    w.line("in_group = GROUP_M * grid_n")
+    w.line("first_m = (pid // in_group) * GROUP_M")
+    w.line("group_rows = tl.minimum(grid_m - first_m, GROUP_M)")
+    w.line("pid_m = first_m + (pid % in_group) % group_rows")
+    w.line("pid_n = (pid % in_group) // group_rows")
+    w.line("rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    w.line("cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
+    w.line("ks = tl.arange(0, BLOCK_K)")
+    if plan.shape.index64:
+        w.comment("an operand spans more than 2**31 elements: 64-bit offsets")
+        w.line("rows64 = rows.to(tl.int64)")
+        w.line("cols64 = cols.to(tl.int64)")
+        w.line("ks64 = ks.to(tl.int64)")
+
+
+def _idx(plan: GemmPlan, name: str) -> str:
+    """The offsets `name` (rows, cols, ks) as pointer arithmetic takes them."""
+    return f"{name}64" if plan.shape.index64 else name
+
+
+def _masks(plan: GemmPlan) -> dict[str, str]:
+    return {
+        "m": "" if plan.even_m else "rows[:, None] < M",
+        "n": "" if plan.even_n else "cols[None, :] < N",
+        "ka": "" if plan.even_k else "ks[None, :] < k_left",
+        "kb": "" if plan.even_k else "ks[:, None] < k_left",
+    }
+
+
+def _main_loop(w: Writer, plan: GemmPlan) -> None:
+    e, s, m = plan.epilogue, plan.shape, _masks(plan)
+    r, c, k = (_idx(plan, n) for n in ("rows", "cols", "ks"))
+    w.line(f"a_ptrs = A + {r}[:, None] * s_am + {k}[None, :] * s_ak")
+    w.line(f"b_ptrs = B + {k}[:, None] * s_bk + {c}[None, :] * s_bn")
+    w.line("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+    if e.reduce == "a_rows":
+        w.line("a_sum = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum_k A[m, k], the bias grad")
+    elif e.reduce == "b_cols":
+        w.line("b_sum = tl.zeros([BLOCK_N], dtype=tl.float32)  # sum_k B[k, n], the bias grad")
+    with w.block("for k in range(0, tl.cdiv(K, BLOCK_K)):"):
+        if not plan.even_k:
+            w.line("k_left = K - k * BLOCK_K")
+        w.line(f"a = {_load('a_ptrs', _and(m['m'], m['ka']))}")
+        w.line(f"b = {_load('b_ptrs', _and(m['kb'], m['n']))}")
+        if e.reduce == "a_rows":
+            w.comment("only the first program of a row block sums (it stores the sums)")
+            with w.block("if pid_n == 0:"):
+                w.line("a_sum += tl.sum(a.to(tl.float32), 1)")
+        elif e.reduce == "b_cols":
+            w.comment("only the first program of a column block sums (it stores the sums)")
+            with w.block("if pid_m == 0:"):
+                w.line("b_sum += tl.sum(b.to(tl.float32), 0)")
+        dot = _TL[s.dtype]
+        if e.a_cast and e.a_scale:
+            w.line(f"a = (a.to({dot}).to(tl.float32) * scale).to({dot})  # prologue: cast, scale")
+        elif e.a_cast:
+            w.line(f"a = a.to({dot})  # prologue: cast")
+        elif e.a_scale:
+            w.line(f"a = (a.to(tl.float32) * scale).to({dot})  # prologue: scale")
+        if plan.dot_upcast:
+            w.comment("Triton 3.6's interpreter computes bf16 dots wrongly: exact in fp32")
+            w.line('acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")')
+        elif s.dtype == "fp32":
+            w.line('acc = tl.dot(a, b, acc, input_precision="ieee")  # fp32 as ATen: no tf32')
+        else:
+            w.line("acc = tl.dot(a, b, acc)")
+        w.line("a_ptrs += BLOCK_K * s_ak")
+        w.line("b_ptrs += BLOCK_K * s_bk")
+
+
+def _tile_ptr(plan: GemmPlan, base: str, sm: str, sn: str) -> str:
+    return f"{base} + {_idx(plan, 'rows')}[:, None] * {sm} + {_idx(plan, 'cols')}[None, :] * {sn}"
+
+
+def _epilogue(w: Writer, plan: GemmPlan) -> None:
+    e, m = plan.epilogue, _masks(plan)
+    mask = _and(m["m"], m["n"])
+    w.comment("epilogue, on the fp32 tile")
+    if mask:
+        w.line(f"mask = {mask}")
+        mask = "mask"
+    w.line("x = acc")
+    if e.bias:
+        bias = _load(f"BIAS + {_idx(plan, 'cols')} * s_bias", "" if plan.even_n else "cols < N")
+        w.line(f"x += {bias}.to(tl.float32)[None, :]")
+    if e.aux:
+        w.comment("the pre-activation, for the backward")
+        w.line(_store(_tile_ptr(plan, "AUX", "s_xm", "s_xn"), "x.to(AUX.dtype.element_ty)", mask))
+    if e.activation != "none":
+        w.line(f"x = {e.activation}(x)")
+    if e.gelu_grad != "none":
+        w.line(f"pre = {_load(_tile_ptr(plan, 'PRE', 's_pm', 's_pn'), mask)}.to(tl.float32)")
+        w.line(f"x = x * {e.gelu_grad}_grad(pre)  # the GELU backward")
+    if e.residual:
+        w.line(f"x += {_load(_tile_ptr(plan, 'RES', 's_rm', 's_rn'), mask)}.to(tl.float32)")
+    w.line(_store(_tile_ptr(plan, "C", "s_cm", "s_cn"), "x.to(C.dtype.element_ty)", mask))
+    if e.reduce == "a_rows":
+        w.comment("one program of each row block stores its rows' sums: a fixed order")
+        with w.block("if pid_n == 0:"):
+            row_mask = "" if plan.even_m else "rows < M"
+            w.line(
+                _store(
+                    f"SUMS + {_idx(plan, 'rows')} * s_sum",
+                    "a_sum.to(SUMS.dtype.element_ty)",
+                    row_mask,
+                )
+            )
+    elif e.reduce == "b_cols":
+        w.comment("one program of each column block stores its columns' sums: a fixed order")
+        with w.block("if pid_m == 0:"):
+            col_mask = "" if plan.even_n else "cols < N"
+            w.line(
+                _store(
+                    f"SUMS + {_idx(plan, 'cols')} * s_sum",
+                    "b_sum.to(SUMS.dtype.element_ty)",
+                    col_mask,
+                )
+            )

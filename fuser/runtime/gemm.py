@@ -1,0 +1,190 @@
+"""Launch the GEMM template, and the same computation in ATen ops (cuBLAS + pointwise).
+
+The source comes from the renderer for the plan of the call's shape; it is loaded through
+the one Triton path every fuser kernel takes (runtime/triton_backend.load_module: written
+to the cache folder under its hash, interpreted for CPU tensors). Nothing is copied: A, B
+and the epilogue's tensors are passed with their strides.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from fuser.codegen.triton.gemm import render_gemm
+from fuser.errors import FuserError
+from fuser.runtime.triton_backend import device_problem, load_module
+from fuser.schedulers import device as devices
+from fuser.schedulers.gemm import (
+    DTYPES,
+    INT32_MAX,
+    STRIDES,
+    Epilogue,
+    GemmPlan,
+    GemmShape,
+    plan_gemm,
+    unsupported,
+)
+
+PLAIN = Epilogue()  # no fused work
+Result = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+@functools.lru_cache(maxsize=512)
+def plan_for(shape: GemmShape, epilogue: Epilogue) -> GemmPlan:
+    sms = devices.current().sms if shape.device == "cuda" else 132
+    return plan_gemm(shape, epilogue, sms)
+
+
+@functools.lru_cache(maxsize=512)
+def source_of(plan: GemmPlan) -> str:
+    return render_gemm(plan)
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Elements between a tensor's first and last, plus one."""
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return DTYPES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def shape_of(
+    a: Any, b: Any, epilogue: Epilogue, out_dtype: torch.dtype | None = None, *extra: Any
+) -> GemmShape:
+    """The GemmShape of A @ B (real or fake tensors); `extra`: the epilogue's tensors,
+    whose extents decide 64-bit offsets too."""
+    m, k = a.shape
+    n = b.shape[1]
+    tensors = [t for t in (a, b, *extra) if isinstance(t, torch.Tensor)]
+    big = max(m * n, max((_extent(t) for t in tensors), default=0)) > INT32_MAX
+    return GemmShape(
+        m, n, k, _name(b.dtype), _name(a.dtype), _name(out_dtype or b.dtype),
+        a.device.type, big,
+    )  # fmt: skip
+
+
+def _as_tile(t: torch.Tensor | None, m: int, n: int, what: str) -> torch.Tensor:
+    """An [M, N] view of an epilogue operand ([..., N] with M rows in all)."""
+    if t is None:
+        raise FuserError(f"GEMM template: the epilogue reads {what}, and none was given")
+    if t.numel() != m * n or t.shape[-1] != n:
+        raise FuserError(f"GEMM template: {what} {list(t.shape)} is not [{m}, {n}]")
+    return t if t.dim() == 2 else t.reshape(m, n)  # a view where the strides allow
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, shape: GemmShape, e: Epilogue) -> None:
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise FuserError(f"GEMM template: A {list(a.shape)} @ B {list(b.shape)}")
+    if a.device != b.device:
+        raise FuserError(f"GEMM template: A on {a.device}, B on {b.device}")
+    why = unsupported(shape, e) or device_problem(a.device.type)
+    if why is not None:
+        raise FuserError(f"GEMM template: {why}")
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    epilogue: Epilogue = PLAIN,
+    *,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    pre: torch.Tensor | None = None,
+    scale: float | None = None,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    plan: GemmPlan | None = None,
+) -> Result:
+    """(C, the pre-activation or None, the sums or None) of A [M, K] @ B [K, N] with the
+    epilogue's fused work (see schedulers/gemm.Epilogue). bias: [N]; residual and pre:
+    [M, N] (or [..., N] views of M rows); scale: the prologue's factor. C is made [M, N]
+    contiguous in `out_dtype` (B's dtype by default) unless `out` is given (any strides);
+    the pre-activation in B's dtype; the sums ([M] for "a_rows", [N] for "b_cols") in the
+    summed operand's dtype. `plan` overrides the planner's tiles (the autotune)."""
+    e = epilogue
+    m, n = a.shape[0], b.shape[-1]
+    extra = (bias, residual, pre, out)
+    shape = shape_of(a, b, e, out_dtype or (out.dtype if out is not None else None), *extra)
+    _check(a, b, shape, e)
+    plan = plan_for(shape, e) if plan is None else plan
+    if plan.shape != shape or plan.epilogue != e:
+        raise FuserError(f"GEMM template: plan {plan.name} is for {plan.shape.line()}")
+    dev = a.device
+    out = torch.empty((m, n), dtype=out_dtype or b.dtype, device=dev) if out is None else out
+    tensors: dict[str, torch.Tensor] = {"A": a, "B": b, "C": out}
+    if e.bias:
+        if bias is None or bias.numel() != n:
+            raise FuserError(f"GEMM template: bias must have N={n} elements")
+        tensors["BIAS"] = bias.reshape(n)
+    if e.aux:
+        tensors["AUX"] = torch.empty((m, n), dtype=b.dtype, device=dev)
+    if e.gelu_grad != "none":
+        tensors["PRE"] = _as_tile(pre, m, n, "the pre-activation")
+    if e.residual:
+        tensors["RES"] = _as_tile(residual, m, n, "the residual")
+    if e.reduce != "none":
+        summed = a if e.reduce == "a_rows" else b
+        size = m if e.reduce == "a_rows" else n
+        tensors["SUMS"] = torch.empty(size, dtype=summed.dtype, device=dev)
+    if e.a_scale and scale is None:
+        raise FuserError("GEMM template: the prologue scales A, and no scale was given")
+    values: dict[str, Any] = {"scale": float(scale or 1.0), "M": m, "N": n, "K": a.shape[1]}
+    for name, t in tensors.items():
+        values.update(zip(STRIDES.get(name, ()), t.stride()))
+    module = load_module(source_of(plan), interpret=dev.type != "cuda")
+    t = plan.tiles
+    getattr(module, plan.name)[(plan.grid(),)](
+        *(tensors.get(a_name, values.get(a_name)) for a_name in plan.signature()),
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )  # fmt: skip
+    return out, tensors.get("AUX"), tensors.get("SUMS")
+
+
+def _gelu(x: torch.Tensor, kind: str) -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate="tanh" if kind == "gelu_tanh" else "none")
+
+
+def aten_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    epilogue: Epilogue = PLAIN,
+    *,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    pre: torch.Tensor | None = None,
+    scale: float | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> Result:
+    """The same results as `gemm` from ATen ops, as eager computes them: cuBLAS (addmm
+    with the bias) and a separate op for each piece of fused work. The reference of the
+    tests and the other side of the autotune."""
+    e = epilogue
+    m, n = a.shape[0], b.shape[1]
+    a_stored = a
+    if e.a_cast:
+        a = a.to(b.dtype)
+    if e.a_scale:
+        a = a * scale
+    x = torch.addmm(bias.reshape(n), a, b) if e.bias else a @ b
+    aux = x if e.aux else None
+    if e.activation != "none":
+        x = _gelu(x, e.activation)
+    if e.gelu_grad != "none":
+        p = pre.reshape(m, n)
+        approx = "tanh" if e.gelu_grad == "gelu_tanh" else "none"
+        x = torch.ops.aten.gelu_backward(x, p, approximate=approx)
+    if e.residual:
+        x = x + residual.reshape(m, n)
+    if out_dtype is not None:
+        x = x.to(out_dtype)
+    sums = None
+    if e.reduce == "a_rows":
+        sums = a_stored.sum(1)
+    elif e.reduce == "b_cols":
+        sums = b.sum(0)
+    return x, aux, sums

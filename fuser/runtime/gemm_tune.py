@@ -1,0 +1,119 @@
+"""The GEMM choice with its measurement: FUSER_GEMM=auto on a GPU times, on first use, the
+template at its planned tiles and at up to two other candidate tiles against cuBLAS plus
+the separate pointwise op (random data of the shape), and caches the result on disk
+(runtime/cache: one JSON entry per shape, fused work and GPU), so a later process decides
+without timing again. explain shows the measurement beside the roofline estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from fuser.config import config
+from fuser.runtime.cache import digest, load_entry, store_entry
+from fuser.runtime.gemm import aten_gemm, gemm, plan_for
+from fuser.schedulers import device as devices
+from fuser.schedulers.gemm import (
+    GPU_TILES,
+    TORCH_DTYPES,
+    Epilogue,
+    GemmChoice,
+    GemmShape,
+    choose,
+    retile,
+    unsupported,
+)
+
+_measured: dict[tuple, dict] = {}
+TUNE_CANDIDATES = 3  # tile configurations timed on first use (the planned one first)
+
+
+def decide(
+    shape: GemmShape,
+    epilogue: Epilogue,
+    mode: str | None = None,
+    template_backend: bool = True,
+) -> GemmChoice:
+    """Template or cuBLAS for one matmul (runtime/gemm.shape_of) with `epilogue`, with
+    the reasons; FUSER_GEMM=auto on a GPU measures it on first use."""
+    mode = config.gemm if mode is None else mode
+    why = unsupported(shape, epilogue)
+    measured = None
+    if mode == "auto" and why is None and template_backend and not epilogue.empty:
+        if shape.device == "cuda":
+            measured = measurement(shape, epilogue)
+    return choose(shape, epilogue, why, mode, devices.current(), template_backend, measured)
+
+
+def measurement(shape: GemmShape, epilogue: Epilogue) -> dict:
+    """The cached timing of template vs cuBLAS + separate op on this GPU, timed if missing."""
+    name = torch.cuda.get_device_name()
+    key = (shape, epilogue, name)
+    if key in _measured:
+        return _measured[key]
+    entry_key = digest("gemm", dataclasses.astuple(shape), dataclasses.astuple(epilogue), name)
+    body = load_entry("gemm", entry_key)
+    if body is None:
+        with unset_fake_temporarily():
+            body = _time(shape, epilogue)
+        body["device"] = name
+        store_entry("gemm", entry_key, body)
+    _measured[key] = body
+    return body
+
+
+def _inputs(shape: GemmShape, e: Epilogue) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    s = shape
+    dt, a_dt = TORCH_DTYPES[s.dtype], TORCH_DTYPES[s.a_dtype]
+    a = torch.randn(s.m, s.k, device="cuda", dtype=a_dt)
+    b = torch.randn(s.k, s.n, device="cuda", dtype=dt) / s.k**0.5
+    kw: dict[str, Any] = {"out_dtype": TORCH_DTYPES[s.out_dtype]}
+    if e.bias:
+        kw["bias"] = torch.randn(s.n, device="cuda", dtype=dt)
+    if e.residual:
+        kw["residual"] = torch.randn(s.m, s.n, device="cuda", dtype=kw["out_dtype"])
+    if e.gelu_grad != "none":
+        kw["pre"] = torch.randn(s.m, s.n, device="cuda", dtype=dt)
+    if e.a_scale:
+        kw["scale"] = 0.5
+    return a, b, kw
+
+
+def _time(shape: GemmShape, e: Epilogue, reps: int = 10) -> dict:
+    """Median ms of the template (best of the candidate tiles) and of cuBLAS + ATen ops."""
+    a, b, kw = _inputs(shape, e)
+    base = plan_for(shape, e)
+    plans = [base]
+    for tiles, _eff in GPU_TILES:
+        if len(plans) >= TUNE_CANDIDATES:
+            break
+        if tiles != base.tiles and tiles.block_m <= shape.m and tiles.block_n <= shape.n:
+            plans.append(retile(base, tiles, "autotune candidate"))
+    timed = []
+    for p in plans:
+        try:
+            timed.append((_median_ms(lambda p=p: gemm(a, b, e, plan=p, **kw), reps), p))
+        except Exception:  # a candidate that fails to compile (shared memory) is skipped
+            continue
+    aten_ms = _median_ms(lambda: aten_gemm(a, b, e, **kw), reps)
+    if not timed:
+        return {"template_ms": float("inf"), "aten_ms": aten_ms, "tiles": None}
+    ms, best = min(timed, key=lambda x: x[0])
+    return {"template_ms": ms, "aten_ms": aten_ms, "tiles": list(dataclasses.astuple(best.tiles))}
+
+
+def _median_ms(fn: Any, reps: int) -> float:
+    fn()  # compile / warm up
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
