@@ -23,8 +23,8 @@ from fuser.config import config, debug_print
 from fuser.dynamo.attention import lower_attention
 from fuser.dynamo.ce_rewrite import scale_saved_gradient_in_place
 from fuser.dynamo.context import NotLowerable
-from fuser.dynamo.indexing import lower_scatters
 from fuser.dynamo.gemm import lower_gemm
+from fuser.dynamo.indexing import lower_scatters
 from fuser.dynamo.pad_mm import pad_matmuls
 from fuser.dynamo.partition import form_regions
 from fuser.dynamo.program import CallProgram
