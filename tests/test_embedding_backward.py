@@ -101,6 +101,20 @@ def test_index_add_with_base_and_alpha(how):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_kernels_compile_for_sm90_without_spills():
+    """ptxas for sm_90, no GPU: the GPT-2 shape's plans (bf16, 768 columns) keep their
+    fp32 accumulators in registers."""
+    from fuser.runtime.scatter import resources
+    from fuser.schedulers.scatter import ScatterShape, plan_scatter
+
+    for how in ("sorted", "atomic"):
+        shape = ScatterShape(16384, 50257, 768, "torch.bfloat16", "torch.int64", padding_idx=0)
+        plan = plan_scatter(shape, how)
+        assert plan.mode == how
+        r = resources(plan, "torch.bfloat16")
+        assert r["spill_bytes"] == 0 and r["registers"] <= 128, (how, r)
+
+
 # -- torch.compile ---------------------------------------------------------------------------
 @pytest.fixture
 def _fresh_dynamo():

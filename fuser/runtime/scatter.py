@@ -4,7 +4,8 @@
 src[t, :] over tokens t with index[t] == v, computed by fuser's Triton kernels
 (codegen/triton/scatter.py) the way the plan says (schedulers/scatter.py): sorted and
 deterministic by default, with fp32 atomic adds under FUSER_SCATTER=atomic. The sort of
-the indices is ATen's (torch.sort, stable). The kernels read src through its strides
+the indices (torch.sort, stable) and each row's run bounds in them (torch.searchsorted)
+are ATen's. The kernels read src through its strides
 (a [N, H] view of any [..., H] gradient whose leading dims collapse; otherwise ATen's
 reshape copies it, and `last_notes` says so). A bad index raises OutOfBoundsError: at
 once on CPU, at the next fuser call (or fuser.check_errors()) on a GPU, where reading
@@ -62,6 +63,20 @@ def _source(plan: ScatterPlan, interpreted: bool, src_dtype: str) -> str:
 def source_of(plan: ScatterPlan, src_dtype: str = "torch.float32") -> str:
     """The generated module of `plan` (as this process would run it)."""
     return _source(plan, use_interpreter(), src_dtype)
+
+
+_ROW_IDS: dict[tuple, torch.Tensor] = {}
+
+
+def _row_ids(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """arange(n) on `device`, made once (searchsorted's queries: every output row)."""
+    key = (n, dtype, str(device))
+    got = _ROW_IDS.get(key)
+    if got is None:
+        if len(_ROW_IDS) > 64:
+            _ROW_IDS.clear()
+        got = _ROW_IDS[key] = torch.arange(n, dtype=dtype, device=device)
+    return got
 
 
 def mode() -> str:
@@ -153,13 +168,15 @@ def scatter_add_rows(
     if plan.mode == "sorted":
         out = torch.empty((rows, cols), dtype=dtype, device=dev)
         sorted_idx, perm = torch.sort(flat, stable=True)
+        # each row's run: [bounds[v], bounds[v + 1]); a bad index lies outside every run
+        bounds = torch.searchsorted(sorted_idx, _row_ids(rows + 1, sorted_idx.dtype, dev))
         n = flat.numel()
         b = base if base is not None else out
         module.scatter_sorted[grid](
-            src2, sorted_idx, perm, out, b, *err,
-            n, rows, cols, n.bit_length(), src2.stride(0), src2.stride(1), out.stride(0),
+            src2, sorted_idx, perm, bounds, out, b, *err,
+            n, rows, cols, src2.stride(0), src2.stride(1), out.stride(0),
             b.stride(0), -1 if padding_idx is None else padding_idx, float(alpha),
-            BLOCK_R=plan.block_rows, BLOCK_C=plan.block_cols, num_warps=plan.num_warps,
+            num_warps=plan.num_warps,
         )  # fmt: skip
     else:
         if base is None:
@@ -171,7 +188,7 @@ def scatter_add_rows(
                 src2, flat, acc, *err, flat.numel(), rows, cols, src2.stride(0),
                 src2.stride(1), flat.stride(0), acc.stride(0),
                 -1 if padding_idx is None else padding_idx, float(alpha),
-                BLOCK_T=plan.block_rows, BLOCK_C=plan.block_cols, num_warps=plan.num_warps,
+                num_warps=plan.num_warps,
             )  # fmt: skip
         out = acc if dtype == torch.float32 else acc.to(dtype)
     if interpreted:
@@ -211,8 +228,39 @@ def embedding_backward(
     )  # fmt: skip
 
 
-def plan_text(plan: ScatterPlan) -> str:
-    return plan.explain()
+_PTR = {"torch.float32": "*fp32", "torch.float16": "*fp16", "torch.bfloat16": "*bf16",
+        "torch.float64": "*fp64", "torch.int32": "*i32", "torch.int64": "*i64"}  # fmt: skip
+
+
+def resources(plan: ScatterPlan, src_dtype: str, arch: str = "sm_90") -> dict:
+    """Registers and spills ptxas gives the plan's kernel for `arch`, compiled without a
+    GPU (fuser/runtime/resources.py; in a child process where this one interprets)."""
+    from fuser.runtime.resources import _compile_triton, resources_in_child
+
+    out, idx = _PTR[plan.shape.dtype], _PTR[plan.shape.index_dtype]
+    src = _PTR[src_dtype]
+    if plan.mode == "sorted":
+        ptrs = [("src_ptr", src), ("sorted_ptr", idx), ("perm_ptr", "*i64"),
+                ("bounds_ptr", "*i64"), ("out_ptr", out), ("base_ptr", out)]  # fmt: skip
+        ints = ["n_tokens", "n_rows", "n_cols", "src_row_stride", "src_col_stride",
+                "out_row_stride", "base_row_stride", "padding_idx"]  # fmt: skip
+        name = "scatter_sorted"
+    else:
+        ptrs = [("src_ptr", src), ("index_ptr", idx), ("acc_ptr", "*fp32")]
+        ints = ["n_tokens", "n_rows", "n_cols", "src_row_stride", "src_col_stride",
+                "index_stride", "acc_row_stride", "padding_idx"]  # fmt: skip
+        name = "scatter_atomic"
+    sig = dict(ptrs) | {"err_ptr": "*i64", "flag_ptr": "*i64"}
+    sig |= {k: "i32" for k in ints} | {"alpha": "fp32"}
+    job = {
+        "source": render_scatter(plan, False, src_dtype),
+        "name": name,
+        "signature": sig,
+        "aligned": list(range(len(ptrs) + 2)),
+        "num_warps": plan.num_warps,
+        "arch": int(arch.removeprefix("sm_")),
+    }
+    return resources_in_child([job])[0] if use_interpreter() else _compile_triton(job)
 
 
 __all__ = ["ScatterShape", "embedding_backward", "scatter_add_rows", "source_of"]

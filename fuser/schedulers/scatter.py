@@ -6,11 +6,12 @@ the padding row zero, optionally each token scaled by 1 / its index's count). Tw
 run it (codegen/triton/scatter.py renders both):
 
   sorted (the default, deterministic): the indices are sorted (ATen's stable sort, so
-      equal indices keep token order) and one program owns a block of output rows x a
-      block of columns. It finds each row's run of tokens in the sorted indices by binary
-      search, sums the run's src rows in fp32 in sorted order (the same order every run,
-      so two runs give the same bits), and writes every row of its block once: rows
-      with no token get zeros (or base), so no separate zero fill either.
+      equal indices keep token order), each output row's run of tokens in them found by
+      torch.searchsorted (one thread a row: a binary search per program was 14 dependent
+      L2 loads before any work), and one program owns a block of output rows x a block
+      of columns: it sums each run's src rows in fp32 in sorted order (the same order
+      every run, so two runs give the same bits) and writes every row of its block once:
+      rows with no token get zeros (or base), so no separate zero fill either.
   atomic (FUSER_SCATTER=atomic, opt-in): one program per block of tokens x columns adds
       its src rows into an fp32 accumulator with atomic adds, then ATen casts it to the
       output's dtype. No sort, but the order of the adds changes from run to run, so the
@@ -29,14 +30,15 @@ import torch
 from fuser.explanation import Explanation
 
 MODES = ("sorted", "atomic")
-# elements per program's tile: 4096 (16 fp32 values a thread at 8 warps) keeps a row
-# block's accumulator in registers with no spill, as the pointwise kernels' tiles do
-TILE = 4096
+# elements per program's tile: 2048, 8 fp32 accumulators a thread at 8 warps. ptxas for
+# sm_90 (Triton 3.6, no GPU needed) gave the sorted kernel at 768 bf16 columns 62
+# registers for an 8 x 256 tile and 125 for 16 x 256 (each element carries its own
+# 64-bit address of a gathered row): the smaller tile keeps 4 blocks (32 warps) an SM
+TILE = 2048
 # the widest column block: 512 fp32 accumulators a row; wider rows take several blocks
 MAX_BLOCK_H = 512
 # row blocks enough to fill a GPU on their own: two programs per SM of an H100 (132 SMs).
-# Fewer, and each column block of a row block gets its own program (which repeats the
-# row block's binary search, cheap next to idle SMs)
+# Fewer, and each column block of a row block gets its own program
 FILL_PROGRAMS = 264
 
 
@@ -133,8 +135,9 @@ def plan_scatter(shape: ScatterShape, mode: str) -> ScatterPlan:
         )
     else:
         why_mode = (
-            "sorted (default): stable sort of the indices, each output row sums its tokens "
-            "in fp32 in sorted order; two runs give the same bits"
+            "sorted (default): stable sort of the indices and each row's run in them "
+            "(torch.sort, torch.searchsorted), each output row sums its tokens in fp32 in "
+            "sorted order; two runs give the same bits"
         )
     cols = shape.cols
     # the widest power-of-two column block whose padding of the row wastes at most 1/8 of
@@ -176,7 +179,7 @@ def plan_scatter(shape: ScatterShape, mode: str) -> ScatterPlan:
         else:
             reasons.append(
                 f"{row_blocks} row blocks fill the GPU: a program walks its {col_blocks} "
-                "column blocks after one binary search"
+                "column blocks"
             )
     return ScatterPlan(
         shape, mode, block_rows, block_cols, col_programs, warps, mode == "sorted",
