@@ -102,17 +102,14 @@ def test_index_add_with_base_and_alpha(how):
 
 
 def test_kernels_compile_for_sm90_without_spills():
-    """ptxas for sm_90, no GPU: the GPT-2 shape's plans (bf16, 768 columns) keep their
-    fp32 accumulators in registers."""
+    """ptxas for sm_90, no GPU: the default (sorted) plan of the GPT-2 shape (bf16, 768
+    columns) keeps its fp32 accumulators in registers, 4 blocks of 8 warps an SM."""
     from fuser.runtime.scatter import resources
     from fuser.schedulers.scatter import ScatterShape, plan_scatter
 
-    for how in ("sorted", "atomic"):
-        shape = ScatterShape(16384, 50257, 768, "torch.bfloat16", "torch.int64", padding_idx=0)
-        plan = plan_scatter(shape, how)
-        assert plan.mode == how
-        r = resources(plan, "torch.bfloat16")
-        assert r["spill_bytes"] == 0 and r["registers"] <= 128, (how, r)
+    shape = ScatterShape(16384, 50257, 768, "torch.bfloat16", "torch.int64", padding_idx=0)
+    r = resources(plan_scatter(shape, "sorted"), "torch.bfloat16")
+    assert r["spill_bytes"] == 0 and r["registers"] <= 64, r
 
 
 # -- torch.compile ---------------------------------------------------------------------------
