@@ -24,6 +24,10 @@ FUSER_ATTENTION  which runs torch.compile(backend="fuser") graphs' attentions: "
               ATen's SDPA kernels), "template" (fuser's Triton flash attention wherever it
               applies), "auto" (the template where a measurement on this GPU, made on first
               use and cached on disk, says it is faster); fuser/schedulers/attention.py
+FUSER_SCATTER  how scatter-adds (embedding backward, index_add, index_put with accumulate) run:
+              "sorted" (default: indices sorted, each output row summed in fp32 in a fixed
+              order, deterministic) or "atomic" (fp32 atomic adds, no sort, not
+              deterministic); fuser/schedulers/scatter.py
 FUSER_GEMM    which runs torch.compile(backend="fuser") graphs' matmuls: "aten" (default: cuBLAS,
               the graph unchanged), "template" (fuser's Triton GEMM template with the bias,
               GELU, residual, GELU-backward and bias-gradient work around it fused, wherever
@@ -56,6 +60,7 @@ class Config:
     compile_workers: int = 0
     one_pass_cross_entropy: bool = True
     attention: str = "sdpa"
+    scatter: str = "sorted"
     gemm: str = "aten"
     linear_cross_entropy: str = "auto"
 
@@ -72,6 +77,7 @@ def _read() -> Config:
         compile_workers=int(os.environ.get("FUSER_COMPILE_WORKERS", "0") or 0),
         one_pass_cross_entropy=os.environ.get("FUSER_ONE_PASS_CE", "1") not in ("", "0"),
         attention=os.environ.get("FUSER_ATTENTION", "sdpa") or "sdpa",
+        scatter=os.environ.get("FUSER_SCATTER", "sorted") or "sorted",
         gemm=os.environ.get("FUSER_GEMM", "aten") or "aten",
         linear_cross_entropy=os.environ.get("FUSER_LINEAR_CE", "auto") or "auto",
     )

@@ -480,7 +480,10 @@ def test_outputs_keep_eager_strides():
     torch.testing.assert_close(got, want)
     assert got.stride() == want.stride() == (1, 5)
     (region,) = backend.captures[0].graphs[0].regions
-    assert region.restrided
+    # the kernel writes the transposed layout itself (fd.output_strides): no copy after it
+    assert not region.restrided and region.fd.output_strides == {0: (1, 5)}
+    (out,) = region.fd.kernels[0].spec.outputs
+    assert (out.row_stride, out.col_stride) == (1, 5)
 
 
 def test_check_mode_reports_a_wrong_lowering(monkeypatch):

@@ -14,8 +14,13 @@ def header_lines(spec: KernelSpec, schedule: Schedule, backend: str) -> list[str
     ]
     for a in spec.args:
         role = "out" if a.is_output else "in "
+        rows = (
+            "rows (size, stride) " + " x ".join(f"({n}, {st})" for n, st in a.row_dims)
+            if a.row_dims
+            else f"row stride {a.row_stride}"
+        )
         lines.append(
-            f"  {role} {a.name}: {a.dtype.value} {a.kind.value}, row stride {a.row_stride}, "
+            f"  {role} {a.name}: {a.dtype.value} {a.kind.value}, {rows}, "
             f"col stride {a.col_stride}, {a.align}-byte aligned"
         )
     lines += schedule.explain().splitlines()

@@ -75,6 +75,7 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
         lines.append(f"  LOWERING FAILED, the graph runs as ATen ops: {record.error}")
     lines += [f"  matmul {note}" for note in record.matmuls_padded]
     lines += [f"  {note}" for note in record.attention]
+    lines += [f"  {note}" for note in record.scatters]
     lines += [f"  {note}" for note in record.gemm]
     lines += [region_text(r, source, brief) for r in record.regions]
     lines.append(fallbacks_text(record))

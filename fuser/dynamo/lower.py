@@ -24,6 +24,7 @@ from fuser.dynamo.attention import lower_attention
 from fuser.dynamo.ce_rewrite import scale_saved_gradient_in_place
 from fuser.dynamo.context import NotLowerable
 from fuser.dynamo.gemm import lower_gemm
+from fuser.dynamo.indexing import lower_scatters
 from fuser.dynamo.pad_mm import pad_matmuls
 from fuser.dynamo.partition import form_regions
 from fuser.dynamo.program import CallProgram
@@ -64,6 +65,7 @@ class GraphRecord:
     views_moved: int = 0  # row views taken out from between fusible ops (views.py)
     matmuls_padded: list[str] = field(default_factory=list)  # pad_mm.py's notes
     attention: list[str] = field(default_factory=list)  # attention.py's choices
+    scatters: list[str] = field(default_factory=list)  # indexing.py's scatter-adds
     gemm: list[str] = field(default_factory=list)  # gemm.py's choices (FUSER_GEMM)
     error: str = ""  # set when lowering failed and the whole graph runs as ATen ops
     cudagraphs: str = ""  # with CUDA graphs asked for: captured, or why not (cudagraphs.py)
@@ -313,12 +315,14 @@ def lower_graph(
 def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
     """The first stage: a copy of gm (gm stays the ATen fallback) with its chosen matmul
     chains made GEMM template calls, its unaligned matmuls padded, its chosen attentions
-    made template calls, and its row views moved out from between fusible ops."""
+    made template calls, its scatter-adds calls of fuser's scatter kernel, and its row
+    views moved out from between fusible ops."""
     work = copy_module(gm)
     scale_saved_gradient_in_place(work)
     record.gemm = lower_gemm(work)  # before padding: a template call needs none
     if config.pad_matmuls:
         record.matmuls_padded = pad_matmuls(work)
     record.attention = lower_attention(work)
+    record.scatters = lower_scatters(work)
     record.views_moved = sink_row_views(work.graph)
     return work

@@ -124,8 +124,12 @@ def build_definition(plan: RegionPlan) -> tuple[FusionDefinition, list[tuple[str
         slots.append(("fd", added[t.value.id]))
     if not added:
         raise NotLowerable("the region computes nothing (only identities of its inputs)")
+    for o, (kind, k) in zip(plan.outputs, slots):
+        layout = _layout(o)  # ATen's strides, when not contiguous: the kernel writes them
+        if kind == "fd" and layout is not None:
+            fd.output_strides.setdefault(k, layout)
     fd.graph  # finalize: verify now, not at the first run  # noqa: B018
-    key = repr(fd)
+    key = repr(fd) + (f" strides {sorted(fd.output_strides.items())}" if fd.output_strides else "")
     shared = _DEFINITIONS.setdefault(key, fd)
     shared.name = "fx_" + digest(key)[:10]
     return shared, slots
@@ -188,7 +192,15 @@ class FusedRegion(torch.nn.Module):
         self.check = check
         self.eager = eager_module(plan)
         self.layouts = [_layout(o) for o in plan.outputs]
-        record.restrided = [o.name for o, s in zip(plan.outputs, self.layouts) if s]
+        # outputs whose kernel writes ATen's strides in place (fd.output_strides) need no copy
+        last = fd._runtime().last
+        in_place = set(last.alloc_strides) if last is not None else set()
+        ids = last._output_ids if last is not None else []
+        record.restrided = [
+            o.name
+            for o, s, (kind, k) in zip(plan.outputs, self.layouts, slots)
+            if s and not (kind == "fd" and k < len(ids) and ids[k] in in_place)
+        ]
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         self.record.calls += 1

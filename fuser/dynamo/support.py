@@ -59,9 +59,8 @@ _CATEGORIES = [
     ),
     (
         lambda b: b.startswith("embedding_dense_backward"),
-        "embedding backward: a scatter-add; stays ATen until a deterministic (sorted or "
-        "segmented) fuser kernel lands (the forward, embedding and index_select along dim "
-        "0, lowers to gather_rows)",
+        "embedding backward: a scatter-add; fuser's sorted kernel takes it in the graphs "
+        "torch.compile hands fuser (indexing.lower_scatters), this one stays ATen",
     ),
     (
         lambda b: (
@@ -69,7 +68,9 @@ _CATEGORIES = [
             or b in {"take", "nonzero", "masked_select"}
         ),
         "indexing/gather/scatter: fuser IR reads rows at an index (gather_rows: embedding, "
-        "index_select along dim 0 of a 2-D table) and has no indexed stores",
+        "index_select along dim 0 of a 2-D table); row scatter-adds (embedding backward, "
+        "index_add, index_put with accumulate) run in fuser's scatter kernel; other "
+        "indexed stores stay ATen",
     ),
     (
         lambda b: (
@@ -160,6 +161,8 @@ def fallback_reason(node: fx.Node) -> str:
         return f"{node.op} nodes stay as they are"
     if "fuser_attention" in node.meta:  # an attention: template or SDPA (dynamo/attention.py)
         return node.meta["fuser_attention"]
+    if "fuser_scatter" in node.meta:  # a scatter-add: fuser's kernel or ATen (indexing.py)
+        return node.meta["fuser_scatter"]
     if "fuser_gemm" in node.meta:  # a matmul: GEMM template or cuBLAS (dynamo/gemm.py)
         return node.meta["fuser_gemm"]
     if t in EXPLAINED:  # fuser's own composite call (dynamo/linear_ce.py)

@@ -35,6 +35,10 @@ class FusionDefinition:
         self._graph: Graph | None = None
         self._executor: Any = None
         self._warn_grad = True  # execute's warning for inputs that require grad, once
+        # output position -> the strides execute allocates it with (a dense permutation:
+        # torch.compile regions ask for ATen's layout, and the kernel that makes the
+        # output writes it so, in place); outputs not named here are contiguous
+        self.output_strides: dict[int, tuple[int, ...]] = {}
 
     # -- building -------------------------------------------------------------------
     def __enter__(self) -> FusionDefinition:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fuser.ir.graph import Graph
+from fuser.passes.broadcasts import casts_after_row_broadcasts, has_cast_row_broadcasts
 from fuser.passes.decompose import decompose
 from fuser.passes.simplify import concretize, cse, dce, eliminate_casts, fold_constants
 from fuser.passes.views import has_views, lower_views
 
 __all__ = [
     "Pipeline",
+    "casts_after_row_broadcasts",
     "concretize",
     "cse",
     "dce",
@@ -37,13 +39,16 @@ class Pipeline:
 
 
 def run_pipeline(graph: Graph, relaxed_precision: bool = False) -> Pipeline:
-    """[lower views ->] decompose -> fold constants -> eliminate casts -> CSE -> DCE."""
+    """[lower views ->] decompose -> fold constants -> eliminate casts [-> casts after row
+    broadcasts] -> CSE -> DCE."""
     stages = [graph]
     if has_views(graph):  # a stage only where it does something: other pipelines print as before
         stages.append(lower_views(stages[-1]))
     stages.append(decompose(stages[-1]))
     stages.append(fold_constants(stages[-1]))
     stages.append(eliminate_casts(stages[-1], relaxed_precision))
+    if has_cast_row_broadcasts(stages[-1]):  # as views: a stage only where it acts
+        stages.append(casts_after_row_broadcasts(stages[-1]))
     stages.append(cse(stages[-1]))
     stages.append(dce(stages[-1]))
     return Pipeline(tuple(stages))

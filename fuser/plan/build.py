@@ -229,6 +229,8 @@ def aligned_walk(spec: KernelSpec, v: int) -> tuple[int, tuple[str, ...]]:
     loads = [a for a in fulls if not a.is_output]
     if v < 2 or spec.rows < 2 or spec.views or spec.gathers or not loads:
         return 0, ()
+    if any(a.row_dims for a in spec.args):  # rows not one stride apart
+        return 0, ()
 
     def fits(a: Arg) -> bool:
         return a.col_stride == 1 and a.align % (v * a.dtype.itemsize) == 0

@@ -13,8 +13,10 @@ import torch
 from fuser.backends.registry import get_backend
 from fuser.config import config, debug_print
 from fuser.errors import InputError
+from fuser.ir.broadcast import row_map
 from fuser.ir.evaluate import constant_ids, eval_node, evaluate
 from fuser.ir.graph import Graph, Value
+from fuser.ir.ops import INDEXED, Op
 from fuser.passes import Pipeline, run_pipeline
 from fuser.plan.build import make_plan
 from fuser.runtime import timing
@@ -68,6 +70,10 @@ class CompiledFusion:
     # (segment, value) pairs passed as contiguous copies: per segment, since the same
     # tensor may be a 2D view in one kernel's layout and not in another's
     copied: set[tuple[int, int]] = field(default_factory=set)
+    # value id -> the strides its kernel allocates it with, when not the contiguous ones:
+    # a fusion output the definition asks in another layout (fd.output_strides), written
+    # in place by its kernel through row_dims
+    alloc_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # read on every call: derived once here
@@ -92,9 +98,9 @@ class CompiledFusion:
         for i, (is_output, vid, shape, dtype) in enumerate(kernel.arg_plan):
             if is_output:
                 produced[vid] = i
-                args.append((-1, shape, dtype))
+                args.append((-1, shape, dtype, self.alloc_strides.get(vid)))
             elif vid in position:
-                args.append((position[vid], None, None))
+                args.append((position[vid], None, None, None))
             else:
                 return None
         if not all(vid in produced for vid in self._output_ids):
@@ -111,8 +117,8 @@ class CompiledFusion:
         if self._direct is not None:
             kernel, plan, outs = self._direct
             args = [
-                inputs[src] if src >= 0 else torch.empty(shape, dtype=dtype, device=dev)
-                for src, shape, dtype in plan
+                inputs[src] if src >= 0 else _empty(shape, stride, dtype, dev)
+                for src, shape, dtype, stride in plan
             ]
             kernel.launch_unchecked(args)
             return [args[i] for i in outs]
@@ -130,7 +136,8 @@ class CompiledFusion:
             args = []
             for is_output, vid, shape, dtype in kernel.arg_plan:
                 if is_output:
-                    t = env[vid] = torch.empty(shape, dtype=dtype, device=dev)
+                    stride = self.alloc_strides.get(vid)
+                    t = env[vid] = _empty(shape, stride, dtype, dev)
                 else:
                     t = env[vid]
                     if copied and (seg.index, vid) in copied:  # planned as a copy
@@ -157,6 +164,12 @@ class CompiledFusion:
         return "\n".join(lines)
 
 
+def _empty(shape: Any, stride: Any, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    if stride is None:
+        return torch.empty(shape, dtype=dtype, device=dev)
+    return torch.empty_strided(shape, stride, dtype=dtype, device=dev)
+
+
 def _shape(v: Value) -> list[int]:
     return [int(s) for s in v.shape]
 
@@ -172,8 +185,9 @@ def _contig_strides(shape: list[int]) -> list[int]:
 class _Meta:
     """Shape/stride/pointer facts of a tensor that does not exist yet (an output)."""
 
-    def __init__(self, shape: list[int], ptr: int = 0):
-        self.shape, self._stride, self._ptr = shape, _contig_strides(shape), ptr
+    def __init__(self, shape: list[int], ptr: int = 0, stride: Any = None):
+        self.shape, self._ptr = shape, ptr
+        self._stride = list(stride) if stride is not None else _contig_strides(shape)
 
     def stride(self) -> list[int]:
         return self._stride
@@ -206,6 +220,8 @@ def _flat_pointwise(seg: Segment, args: list[Arg]) -> tuple[Segment, list[Arg]] 
             continue
         if a.kind != Kind.FULL or a.col_stride != 1 or (rows > 1 and a.row_stride != cols):
             return None
+        if a.row_dims:
+            return None
     total = rows * cols
     width = min(total & -total, FLAT_WIDTH)  # the largest power of two dividing total
     if width < FLAT_MIN_WIDTH or cols % width == 0:
@@ -215,6 +231,60 @@ def _flat_pointwise(seg: Segment, args: list[Arg]) -> tuple[Segment, list[Arg]] 
     return replace(seg, layout=flat), args
 
 
+def strided_rows(seg: Segment, v: Value, t: Any, kind: Kind) -> tuple:
+    """(row_dims, row_stride, col_stride) of kernel input `v` (tensor facts `t`) when its
+    rows are not one stride apart: it is the operand of a broadcast over part of the row
+    dims (ir.broadcast.row_map), or a FULL/ROW view whose row dims do not collapse (a
+    transposed q). () otherwise: view_2d's strides, or a contiguous copy."""
+    layout = seg.layout
+    assert layout is not None
+    lead = layout.domain[:-1]
+    stride, shape = list(t.stride()), list(t.shape)
+    bcast = next(
+        (n for n in seg.nodes if n.op == Op.BROADCAST_IN_DIM and n.inputs[0].id == v.id), None
+    )
+    if any(v.id in (o.id for o in n.outputs) for n in seg.nodes):
+        bcast = None  # an output of this kernel: only its own strides
+    mapping = row_map(bcast, layout.domain) if bcast is not None else None
+    if mapping is not None:
+        dims = tuple((n, stride[i] if i >= 0 else 0) for n, i in zip(lead, mapping))
+        real = [i for i, d in enumerate(bcast.attr("broadcast_dims")) if d == len(lead)]
+        col = stride[real[0]] if real and shape[real[0]] != 1 else 1
+    elif kind in (Kind.FULL, Kind.ROW) and len(lead) > 1 and view_2d(t, kind, 0) is None:
+        if tuple(shape[: len(lead)]) != tuple(lead) or any(n.op in INDEXED for n in seg.nodes):
+            return ()
+        dims = tuple((n, st if n != 1 else 0) for n, st in zip(lead, stride))
+        col = (stride[-1] if shape[-1] != 1 else 1) if kind == Kind.FULL else 0
+    else:
+        return ()
+    if kind == Kind.ROW:
+        col = 0
+    return dims, math.gcd(*(st for _, st in dims)), col
+
+
+def _wanted_strides(
+    graph: Graph, segments: list[Segment], out_strides: dict[int, tuple[int, ...]]
+) -> dict[int, tuple[int, ...]]:
+    """Value id -> strides for the fusion outputs asked in a layout of their own that a
+    kernel makes as a full tile (its domain's shape); others stay contiguous (the caller
+    copies them, as before)."""
+    out = {}
+    for i, stride in out_strides.items():
+        if i >= len(graph.outputs) or stride is None:
+            continue
+        v = graph.outputs[i]
+        seg = next(
+            (s for s in segments if v.id in (o.id for n in s.nodes for o in n.outputs)), None
+        )
+        if seg is None or not seg.fused or tuple(_shape(v)) != tuple(seg.layout.domain):
+            continue
+        if any(n.op in INDEXED for n in seg.nodes):  # a gathered table sets the rows
+            continue
+        if list(stride) != _contig_strides(_shape(v)) and v.id not in out:
+            out[v.id] = tuple(int(x) for x in stride)
+    return out
+
+
 def build_specs(
     graph: Graph,
     segments: list[Segment],
@@ -222,7 +292,15 @@ def build_specs(
     name: str,
     copied: set[tuple[int, int]],
     notes: list[str] | None = None,
+    out_strides: dict[int, tuple[int, ...]] | None = None,
+    alloc: dict[int, tuple[int, ...]] | None = None,
 ) -> dict[int, KernelSpec]:
+    """One KernelSpec per fused segment. `out_strides`: output position -> the strides
+    the fusion's caller wants it in (fd.output_strides); each such output a kernel makes
+    is allocated so (recorded in `alloc`) and written in place."""
+    wanted = _wanted_strides(graph, segments, out_strides or {})
+    if alloc is not None:
+        alloc.update(wanted)
     facts: dict[int, tuple[Any, int]] = {}
     for v, t in zip(graph.inputs, inputs):
         ptr = t.data_ptr() if t.device.type != "meta" else 0
@@ -230,7 +308,7 @@ def build_specs(
     specs = {}
     for seg in segments:
         for v in (x for n in seg.nodes for x in n.outputs):
-            facts.setdefault(v.id, (_Meta(_shape(v)), 16))
+            facts.setdefault(v.id, (_Meta(_shape(v), stride=wanted.get(v.id)), 16))
         if not seg.fused:
             continue
         layout = seg.layout
@@ -241,9 +319,13 @@ def build_specs(
                 if any(n.op.value == "const" and n.out.id == v.id for n in seg.nodes):
                     continue
                 t, align = facts[v.id]
+                dims = () if is_out and v.id not in wanted else strided_rows(seg, v, t, kind)
+                if dims:  # read in place through its own row strides (Arg.row_dims)
+                    args.append(Arg(v, kind, is_out, *dims[1:], align, row_dims=dims[0]))
+                    continue
                 st = (
                     view_2d(t, kind, layout.rows)
-                    if not is_out
+                    if not is_out or v.id in wanted
                     else view_2d(_Meta(_shape(v)), kind, layout.rows)
                 )
                 if st is None:  # not a 2D view: the runtime passes a contiguous copy
@@ -265,7 +347,13 @@ def build_specs(
 
 
 def plan(
-    graph: Graph, inputs: list[Any], name: str, backend: str, device: Device, relaxed: bool = False
+    graph: Graph,
+    inputs: list[Any],
+    name: str,
+    backend: str,
+    device: Device,
+    relaxed: bool = False,
+    out_strides: dict[int, tuple[int, ...]] | None = None,
 ) -> CompiledFusion:
     t0 = time.perf_counter()
     with timing.phase("passes"):
@@ -277,7 +365,10 @@ def plan(
             0, final.nodes, final.inputs, final.outputs, None, "empty tensors: evaluated with ATen"
         )
         return CompiledFusion(pipeline, [seg], {}, device, backend, ["empty tensors"])
-    segments, specs, schedules, copied, notes = _schedules(final, inputs, name, backend, device)
+    alloc: dict[int, tuple[int, ...]] = {}
+    segments, specs, schedules, copied, notes = _schedules(
+        final, inputs, name, backend, device, out_strides, alloc
+    )
     kernels = {}
     for idx, s in schedules.items():
         with timing.phase("rendering"):
@@ -287,12 +378,22 @@ def plan(
             "inputs " + ", ".join(f"t{i}" for i in sorted({v for _, v in copied})) + " are not 2D "
             "views (their row dims do not collapse); they are passed as contiguous copies"
         )
-    cf = CompiledFusion(pipeline, segments, kernels, device, backend, notes, copied=copied)
+    cf = CompiledFusion(
+        pipeline, segments, kernels, device, backend, notes, copied=copied, alloc_strides=alloc
+    )
     cf.compile_seconds = time.perf_counter() - t0
     return cf
 
 
-def _schedules(final: Graph, inputs: list[Any], name: str, backend: str, device: Device) -> tuple:
+def _schedules(
+    final: Graph,
+    inputs: list[Any],
+    name: str,
+    backend: str,
+    device: Device,
+    out_strides: dict[int, tuple[int, ...]] | None = None,
+    alloc: dict[int, tuple[int, ...]] | None = None,
+) -> tuple:
     """(segments, specs, schedules, copied inputs, notes) of `final`. A kernel with row and
     column reductions whose row does not fit registers (InnerOuterSplit) is segmented
     again without that merge: an inner kernel and column-reduction kernels, each of which
@@ -303,7 +404,7 @@ def _schedules(final: Graph, inputs: list[Any], name: str, backend: str, device:
             segments = segment(final, frozenset(split))
             copied: set[tuple[int, int]] = set()
             notes: list[str] = []
-            specs = build_specs(final, segments, inputs, name, copied, notes)
+            specs = build_specs(final, segments, inputs, name, copied, notes, out_strides, alloc)
         schedules, again = {}, False
         for idx, spec in specs.items():
             try:
@@ -386,6 +487,7 @@ class FusionExecutor:
                         backend,
                         device or get_device(None),
                         self.fd.relaxed_precision,
+                        getattr(self.fd, "output_strides", None),
                     )
                     self.cache[key] = cf
                     _debug(cf, self.fd.name)

@@ -80,7 +80,7 @@ def _estimate(
 
 
 def index_bits(spec: KernelSpec) -> int:
-    span = max((a.row_stride * spec.rows + a.col_stride * spec.cols for a in spec.args), default=0)
+    span = max((a.extent(spec.rows, spec.cols) for a in spec.args), default=0)
     return 64 if span >= 2**31 - 1 else 32
 
 

@@ -30,10 +30,46 @@ class Arg:
     row_stride: int  # elements between rows (FULL, ROW)
     col_stride: int  # elements between columns (FULL, COL)
     align: int  # bytes the pointer is aligned to (1, 2, 4, 8 or 16)
+    # the kernel's row dims with this argument's stride in each, outermost first, where
+    # its rows are not one stride apart (row_stride then holds the gcd of these strides,
+    # which is what vector alignment needs): a broadcast over some of them (rotary cos
+    # [B, T, D] read for [B, H, T, D]: stride 0 along H) or a view whose row dims do not
+    # collapse (q [B, T, H, D] transposed to [B, H, T, D]), read in place, not copied
+    row_dims: tuple[tuple[int, int], ...] = ()
 
     @property
     def name(self) -> str:
         return self.value.name
+
+    def row_offset(self, row: str, floordiv: str) -> str:
+        """The element offset of row `row` when row_dims are set: each dim's index
+        ((row // inner) % size) times its stride, dims of stride 0 left out; `floordiv` is
+        the backend's integer division ("//" or "/")."""
+        terms, inner = [], 1
+        for i, (size, stride) in reversed(list(enumerate(self.row_dims))):
+            if stride and size > 1:
+                at = row if inner == 1 else f"{row} {floordiv} {inner}"
+                if i > 0:  # the outermost index needs no modulo: row < rows
+                    at = f"({at}) % {size}" if inner > 1 else f"{at} % {size}"
+                terms.append(f"({at}) * {stride}" if stride != 1 else f"({at})")
+            inner *= size
+        return " + ".join(reversed(terms)) or "0"
+
+    def extent(self, rows: int, cols: int) -> int:
+        """A bound on the element offsets this argument reads or writes (what decides
+        32- or 64-bit indexing)."""
+        if self.row_dims:
+            return sum(n * st for n, st in self.row_dims) + self.col_stride * cols
+        return self.row_stride * rows + self.col_stride * cols
+
+    def distinct_rows(self, rows: int) -> int:
+        """Rows of memory behind the kernel's `rows` (a broadcast reads fewer)."""
+        if not self.row_dims:
+            return rows
+        n = 1
+        for size, stride in self.row_dims:
+            n *= size if stride else 1
+        return n
 
     @property
     def dtype(self) -> DType:
@@ -71,7 +107,7 @@ def view_width(spec: KernelSpec, node: Node, width: int) -> int:
     columns: as access_width, and also its column offset and its range ends must fall on
     a pack boundary (a slice at an odd offset reads odd columns: 1), and a strided read
     (step > 1) is one element at a time."""
-    a = next(x for x in spec.args if x.value.id == node.inputs[0].id)
+    a = spec.view_arg(node)
     if node.attr("scale") != 1:
         return 1
     p = access_width(spec, a, width)
@@ -178,11 +214,21 @@ class KernelSpec:
         """Each input read once and each output written once."""
         total = 0
         for a in self.args:
-            n = {Kind.FULL: self.rows * self.cols, Kind.ROW: self.rows, Kind.COL: self.cols}.get(
-                a.kind, 1
-            )
+            rows = a.distinct_rows(self.rows)
+            n = {Kind.FULL: rows * self.cols, Kind.ROW: rows, Kind.COL: self.cols}.get(a.kind, 1)
             total += n * a.dtype.itemsize
         return total
+
+    def view_arg(self, node: Node) -> Arg:
+        """The argument a VIEW reads: its operand, or, when that is a broadcast over part
+        of the row dims (classify.row_map), the broadcast's operand (whose row_dims map the
+        kernel's rows onto it)."""
+        v = node.inputs[0]
+        for a in self.args:
+            if a.value.id == v.id:
+                return a
+        src = next(n for n in self.nodes if v.id in (o.id for o in n.outputs)).inputs[0]
+        return next(a for a in self.args if a.value.id == src.id)
 
     @cached_property
     def views(self) -> tuple[Node, ...]:

@@ -22,6 +22,7 @@ import enum
 import math
 from dataclasses import dataclass
 
+from fuser.ir.broadcast import row_map
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import ELEMENTWISE, GUARD, INDEXED, LAYOUT, REDUCE, Op
 
@@ -147,11 +148,12 @@ def classify(nodes: list[Node]) -> Layout:
     produced = {v.id for node in nodes for v in node.outputs}
     views: list[Node] = []
     gathers: list[Node] = []
+    mapped: list[Node] = []  # broadcasts over part of the row dims (row_map)
     for node in nodes:
         op = node.op
         if op == Op.VIEW:
             views.append(node)
-            _view_kinds(node, domain, produced, kinds)
+            _view_kinds(node, domain, produced - {m.out.id for m in mapped}, kinds)
         elif op in INDEXED:
             gathers.append(node)
             _gather_kinds(node, domain, nodes, produced, kinds)
@@ -166,6 +168,9 @@ def classify(nodes: list[Node]) -> Layout:
             if tuple(node.attr("shape")) != domain or node.attr("dim") != n - 1:
                 raise Rejected(f"`{node.describe()}` is not a column index of {list(domain)}")
             assign(node.out, Kind.FULL, node)
+        elif op == Op.BROADCAST_IN_DIM and row_map(node, domain) is not None:
+            mapped.append(node)
+            _mapped_kinds(node, domain, produced, kinds)
         elif op == Op.BROADCAST_IN_DIM:
             src = _broadcast_source_kind(node, domain)
             assign(node.inputs[0], src, node)
@@ -205,6 +210,8 @@ def classify(nodes: list[Node]) -> Layout:
             raise Rejected(f"no scheduler takes `{node.describe()}` ({op.value})")
     if views and (inner or outer):
         raise Rejected(f"`{views[0].describe()}`: views fuse into pointwise kernels only, so far")
+    if mapped:
+        _check_mapped(mapped, nodes, outer)
     if gathers and outer:
         raise Rejected(
             f"`{gathers[0].describe()}`: gathered rows fuse into pointwise and row-reduction "
@@ -216,7 +223,9 @@ def classify(nodes: list[Node]) -> Layout:
 
 
 def _view_kinds(node: Node, domain: tuple[int, ...], produced: set[int], kinds: dict) -> None:
-    """A VIEW reads a kernel input (FULL or COL, like its result) at other columns."""
+    """A VIEW reads a kernel input (FULL or COL, like its result) at other columns, or
+    the result of a broadcast over part of the row dims (which reads a kernel input at
+    mapped rows: `produced` leaves those out)."""
     src, out = node.inputs[0], node.out
     if src.id in produced:
         raise Rejected(
@@ -238,6 +247,44 @@ def _view_kinds(node: Node, domain: tuple[int, ...], produced: set[int], kinds: 
                 f"`{node.describe()}` uses {v.name} as {kind.value} and as {kinds[v.id].value}"
             )
         kinds[v.id] = kind
+
+
+def _mapped_kinds(node: Node, domain: tuple[int, ...], produced: set[int], kinds: dict) -> None:
+    """A broadcast over part of the row dims reads a kernel input at the rows row_map
+    names (FULL, or ROW when the input has no column dim); its result is FULL."""
+    src = node.inputs[0]
+    if src.id in produced:
+        raise Rejected(
+            f"`{node.describe()}` broadcasts {src.name} over part of the row dims; a kernel "
+            f"reads such a broadcast from an input, and this kernel computes {src.name}"
+        )
+    has_col = src.rank > 0 and node.attr("broadcast_dims")[-1] == len(domain) - 1
+    has_col = has_col and src.shape[-1] != 1 and domain[-1] != 1
+    for v, kind in ((src, Kind.FULL if has_col else Kind.ROW), (node.out, Kind.FULL)):
+        if kinds.get(v.id, kind) != kind:
+            raise Rejected(
+                f"`{node.describe()}` uses {v.name} as {kind.value} and as {kinds[v.id].value}"
+            )
+        kinds[v.id] = kind
+
+
+def _check_mapped(mapped: list[Node], nodes: list[Node], outer: bool) -> None:
+    """Each operand of a partial broadcast is read through it alone, one way."""
+    if outer:
+        raise Rejected(
+            f"`{mapped[0].describe()}` broadcasts over part of the row dims: such reads fuse "
+            "into pointwise and row-reduction kernels only, so far"
+        )
+    for node in mapped:
+        src = node.inputs[0]
+        for n in nodes:
+            if src.id not in (v.id for v in n.inputs) or n is node:
+                continue
+            if n.op != Op.BROADCAST_IN_DIM or n.attrs != node.attrs:
+                raise Rejected(
+                    f"`{node.describe()}`: {src.name} is read through a broadcast over part "
+                    f"of the row dims and otherwise (`{n.describe()}`) in this kernel"
+                )
 
 
 def index_source(node: Node, nodes: list[Node] | tuple[Node, ...]) -> Value:

@@ -126,12 +126,14 @@ class CudaExpressions:
     def view(self, node: Node) -> str:
         """A read of a kernel input at mapped column scale * (col + i) + offset, one
         element, guarded by the view's range [lo, hi) and the tile's rows and columns."""
-        a = self.args[node.inputs[0].id]
+        a = self.spec.view_arg(node)
         scale, offset, lo, hi = (node.attr(k) for k in ("scale", "offset", "lo", "hi"))
         col = "(col + i)" if scale == 1 else f"(col + i) * {scale}"
         col = col if not offset else f"({col} {'+' if offset > 0 else '-'} {abs(offset)})"
         terms = [f"{col} * {a.col_stride}" if a.col_stride != 1 else col]
-        if a.kind == Kind.FULL and a.row_stride:
+        if a.row_dims:
+            terms.insert(0, a.row_offset("row", "/"))
+        elif a.kind == Kind.FULL and a.row_stride:
             terms.insert(0, "row" if a.row_stride == 1 else f"row * {a.row_stride}")
         ok = [f"row < {self.spec.rows}"] if a.kind == Kind.FULL else []
         ok += [f"col + i >= {lo}"] if lo > 0 else []

@@ -98,6 +98,8 @@ class CudaKernelWriter(CudaExpressions):
         if a.value.id in self.spec.gathers:  # a gathered table: the row its index names
             at = self.gather_at(a)
             terms.append(at if a.row_stride == 1 else f"{at} * {a.row_stride}")
+        elif a.row_dims:  # rows not one stride apart: each row dim's index and stride
+            terms.append(a.row_offset("row", "/"))
         elif a.kind in (Kind.FULL, Kind.ROW) and a.row_stride:
             terms.append("row" if a.row_stride == 1 else f"row * {a.row_stride}")
         if a.kind in (Kind.FULL, Kind.COL) and a.col_stride:

@@ -154,6 +154,8 @@ class TritonKernelWriter:
         if a.value.id in self.spec.gathers:  # a gathered table: the row its index names
             at = self.gather_index(a, rows)
             terms.append(f"{at} * {a.row_stride}" if a.row_stride != 1 else at)
+        elif a.row_dims:  # rows not one stride apart: each row dim's index and stride
+            terms.append(a.row_offset(rows, "//"))
         elif a.kind == Kind.ROW or (a.kind == Kind.FULL and self.spec.rows > 1):
             # a ROW pointer is always a [rows, 1] block, also for a single row
             terms.append(f"{rows} * {a.row_stride}" if a.row_stride != 1 else rows)
@@ -289,13 +291,15 @@ class TritonKernelWriter:
     def view(self, node: Node, chunk: Chunk | None) -> None:
         """A read of a kernel input at mapped columns: scale * cols + offset, masked
         outside the view's range [lo, hi) (and the rows and columns of the tile)."""
-        a = self.args[node.inputs[0].id]
+        a = self.spec.view_arg(node)
         cols = f"cols{chunk.suffix()}" if chunk else "cols"
         scale, offset, lo, hi = (node.attr(k) for k in ("scale", "offset", "lo", "hi"))
         col = cols if scale == 1 else f"{cols} * {scale}"
         col = col if not offset else f"({col} {'+' if offset > 0 else '-'} {abs(offset)})"
         terms = []
-        if a.kind == Kind.FULL and self.spec.rows > 1:
+        if a.row_dims:
+            terms.append(a.row_offset("rows", "//"))
+        elif a.kind == Kind.FULL and self.spec.rows > 1:
             terms.append(f"rows * {a.row_stride}" if a.row_stride != 1 else "rows")
         terms.append(f"{col} * {a.col_stride}" if a.col_stride != 1 else col)
         masks = ["row_ok"] if a.kind == Kind.FULL and self.row_mask else []

@@ -75,7 +75,8 @@ def inline_region(
             if is_out:
                 name = value[vid] = direct.get(vid) or b.names.fresh("buf")
                 shape = tuple(int(s) for s in shape)
-                alloc = (shape, _contiguous(shape), dtype, device)
+                stride = plan.alloc_strides.get(vid) or _contiguous(shape)
+                alloc = (shape, stride, dtype, device)
                 steps.append(Step("alloc", (name,), (), alloc=alloc))
             else:
                 name = value[vid]

@@ -1,0 +1,151 @@
+"""Rotary embeddings in fuser kernels: a broadcast over part of the row dims (cos/sin
+[B, T, D] read for q [B, H, T, D], ir.broadcast.row_map) and an input or output whose
+row dims do not collapse (q, a transposed [B, T, H, D] projection) are read and written
+in place through per-dim row strides (Arg.row_dims), not materialized or copied;
+rotate_half's slices and cat are column index maps. On both backends at the fusion
+level, and through torch.compile on transformers' tiny Llama (forward and backward
+parity, and which ops fused)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fuser
+
+B, H, T, D = 2, 3, 5, 12
+
+
+def _rope_fd(dtype: torch.dtype) -> fuser.FusionDefinition:
+    """q * cos + rotate_half(q) * sin, cos/sin [B, T, D] broadcast over the heads."""
+    with fuser.FusionDefinition("rope") as fd:
+        q = fd.define_tensor([B, H, T, D], dtype)
+        cos = fd.define_tensor([B, T, D], dtype)
+        sin = fd.define_tensor([B, T, D], dtype)
+        qf = fd.ops.cast(q, torch.float32)
+
+        def heads(x):
+            x = fd.ops.cast(x, torch.float32)
+            return fd.ops.broadcast_in_dim(x, shape=[B, H, T, D], broadcast_dims=[0, 2, 3])
+
+        half = D // 2
+        lo, hi = fd.ops.slice(qf, 3, 0, half), fd.ops.slice(qf, 3, half, D)
+        rot = fd.ops.cat([fd.ops.neg(hi), lo], 3)
+        out = fd.ops.add(fd.ops.mul(qf, heads(cos)), fd.ops.mul(rot, heads(sin)))
+        fd.add_output(fd.ops.cast(out, dtype))
+    return fd
+
+
+def _rope_ref(q, cos, sin):
+    q, cos, sin = q.double(), cos.double()[:, None], sin.double()[:, None]
+    rot = torch.cat([-q[..., D // 2 :], q[..., : D // 2]], -1)
+    return q * cos + rot * sin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_reads_q_and_cos_in_place(backend, dtype):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, T, H, D, generator=g).to(dtype).transpose(1, 2)  # rows do not collapse
+    cos, sin = (torch.randn(B, T, D, generator=g).to(dtype) for _ in range(2))
+    fd = _rope_fd(dtype)
+    (out,) = fd.execute([q, cos, sin])
+    tol = {"rtol": 2**-7, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(out.double(), _rope_ref(q, cos, sin), **tol)
+    (k,) = fd.kernels  # one kernel: no ATen broadcast, no copy of q
+    text = fd.explain()
+    assert "contiguous copies" not in text and "ATen fallback" not in text, text
+    assert f"rows (size, stride) ({B}, {T * D}) x ({H}, 0) x ({T}, {D})" in k.source
+    assert f"({H}, {D}) x ({T}, {H * D})" in k.source  # q's own strides
+
+
+def test_partial_broadcast_of_a_computed_value_splits(backend):
+    """cos computed in the fusion: the broadcast over the heads reads it from memory in a
+    second kernel (a kernel reads such a broadcast from an input only)."""
+    with fuser.FusionDefinition("cos_then_rope") as fd:
+        q = fd.define_tensor([B, H, T, D], torch.float32)
+        ang = fd.define_tensor([B, T, D], torch.float32)
+        c = fd.ops.broadcast_in_dim(fd.ops.cos(ang), shape=[B, H, T, D], broadcast_dims=[0, 2, 3])
+        fd.add_output(fd.ops.mul(q, c))
+    g = torch.Generator().manual_seed(1)
+    q, ang = torch.randn(B, H, T, D, generator=g), torch.randn(B, T, D, generator=g)
+    (out,) = fd.execute([q, ang])
+    torch.testing.assert_close(out, q * ang.cos()[:, None])
+    assert len(fd.kernels) == 2 and "ATen fallback" not in fd.explain()
+
+
+def test_row_broadcast_over_some_row_dims(backend):
+    """A per-(batch, position) scale [B, T] broadcast over heads and columns: a ROW
+    operand read at mapped rows."""
+    with fuser.FusionDefinition("scale_heads") as fd:
+        x = fd.define_tensor([B, H, T, D], torch.float32)
+        s = fd.define_tensor([B, T], torch.float32)
+        sb = fd.ops.broadcast_in_dim(s, shape=[B, H, T, D], broadcast_dims=[0, 2])
+        fd.add_output(fd.ops.mul(x, sb))
+    g = torch.Generator().manual_seed(2)
+    x, s = torch.randn(B, H, T, D, generator=g), torch.randn(B, T, generator=g)
+    (out,) = fd.execute([x, s])
+    torch.testing.assert_close(out, x * s[:, None, :, None])
+    assert len(fd.kernels) == 1 and "ATen fallback" not in fd.explain()
+
+
+def test_row_norm_of_a_transposed_input_into_a_transposed_output(backend):
+    """A row reduction (RMSNorm over D, as Qwen3's q_norm) of q [B, H, T, D] seen through
+    a transpose, written back in the transposed layout (fd.output_strides): read and
+    written in place by the persistent kernel, rows odd (D = 40)."""
+    d = 40
+    with fuser.FusionDefinition("q_norm") as fd:
+        q = fd.define_tensor([B, H, T, d], torch.bfloat16)
+        w = fd.define_tensor([d], torch.bfloat16)
+        y = fd.ops.rms_norm(fd.ops.cast(q, torch.float32), fd.ops.cast(w, torch.float32))
+        fd.add_output(fd.ops.cast(y, torch.bfloat16))
+    fd.output_strides[0] = (T * H * d, d, H * d, 1)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, T, H, d, generator=g).bfloat16().transpose(1, 2)
+    w = torch.randn(d, generator=g).bfloat16()
+    (out,) = fd.execute([q, w])
+    want = torch.nn.functional.rms_norm(q.double(), (d,), w.double(), eps=1e-6)
+    assert out.stride() == q.stride()
+    torch.testing.assert_close(out.double(), want, rtol=2**-7, atol=1e-2)
+    assert len(fd.kernels) == 1 and "contiguous copies" not in fd.explain()
+
+
+# -- torch.compile: transformers' Llama ------------------------------------------------
+@pytest.fixture
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_tiny_llama_rotary_fuses_forward_and_backward(_fresh_dynamo):
+    """Llama (2 layers, hidden 64, 4 heads, 2 kv heads): one training step with fuser
+    matches eager; every region holding rotate_half (slice, neg, cat) runs all its ops in
+    fuser kernels, the q and k rotations each one kernel that reads cos/sin through the
+    head broadcast, forward and backward; the embedding backward is fuser's."""
+    pytest.importorskip("transformers")
+    from fuser.dynamo import FuserBackend
+    from fuser.suite.models import batch, build
+
+    eager, fused = build("llama", "tiny", "cpu"), build("llama", "tiny", "cpu")
+    kw = batch("llama", "tiny", eager, "cpu", 0)
+    backend = FuserBackend(strict=True)
+    want = eager(**kw).loss
+    got = torch.compile(fused, backend=backend)(**kw).loss
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+    fw, bw = backend.captures[0].graphs
+    for graph in (fw, bw):
+        rotary = [r for r in graph.fused if "neg" in r.ops and "slice" in r.ops]
+        assert len(rotary) >= 2, [r.ops for r in graph.fused]
+        for r in rotary:
+            plan = r.fd._runtime().last
+            assert all(s.fused for s in plan.segments), (r.name, plan.explain())
+            assert not r.restrided  # q/k written in transformers' layout, in place
+            # the rotations (rotate_half's neg); the cos/sin kernel of the first layer has none
+            turns = [k for k in plan.kernels.values() if "neg" in k.spec.segment.ops_summary()]
+            assert turns and all("broadcast_in_dim" in k.spec.segment.ops_summary() for k in turns)
+    assert bw.scatters and "sorted scatter-add" in bw.scatters[0]
