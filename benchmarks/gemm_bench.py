@@ -20,7 +20,7 @@ it times (median by triton.testing.do_bench, L2 flushed between runs):
                    explain lines in the row)
   inductor-max-autotune  torch.compile(mode="max-autotune-no-cudagraphs")
 and reports ms, TFLOP/s (2·M·N·K) and % of the H100's 989 dense bf16 TFLOP/s, the
-roofline estimate the heuristic uses (schedulers/gemm.estimate) beside it, and each
+roofline estimate the heuristic uses (schedulers/gemm_choice.estimate) beside it, and each
 result's max error against an fp64 reference of the same bf16 inputs, checked before
 timing. --sweep also times the template at every candidate tile (the heuristic's table).
 One JSON document (meta and rows) in --out; a table on stdout. --smoke runs it all at
@@ -46,7 +46,8 @@ from fuser.config import config
 from fuser.dynamo.backend import FuserBackend
 from fuser.runtime.gemm import gemm, plan_for, shape_of
 from fuser.schedulers import device as devices
-from fuser.schedulers.gemm import GPU_TILES, Epilogue, estimate, retile
+from fuser.schedulers.gemm import GPU_TILES, Epilogue, retile
+from fuser.schedulers.gemm_choice import estimate
 
 PEAK_TFLOPS = 989.0  # H100 SXM dense bf16
 GPT2_DIMS = (16384, 768, 3072, 2304)  # M = B*T rows, C, the MLP's hidden size, QKV's width
