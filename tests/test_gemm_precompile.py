@@ -59,9 +59,7 @@ def records() -> list:
 
 
 def _calls(records: list) -> list[Any]:
-    return [
-        n for r in records for n in r.module.graph.nodes if isinstance(n.target, GemmCall)
-    ]
+    return [n for r in records for n in r.module.graph.nodes if isinstance(n.target, GemmCall)]
 
 
 def test_each_template_call_has_a_warmup(records: list) -> None:
