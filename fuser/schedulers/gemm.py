@@ -327,17 +327,22 @@ GPU_TILES = (
 
 
 def plan_gemm(
-    shape: GemmShape, epilogue: Epilogue, sms: int = 132, device: Device | None = None
+    shape: GemmShape,
+    epilogue: Epilogue,
+    sms: int = 132,
+    device: Device | None = None,
+    allow_split: bool = True,
 ) -> GemmPlan:
     """The tiles of one matmul with the reasons (`sms`: the GPU's SM count; `device`:
-    its peak and bandwidth for the split-K trade, the H100's by default)."""
+    its peak and bandwidth for the split-K trade, the H100's by default;
+    `allow_split=False`: the best plan without split-K, the benchmark's baseline)."""
     reasons: list[str] = []
     if shape.device == "cpu":
         # the interpreter runs every tile op in numpy: small tiles keep tests in seconds
         tiles = GemmTiles(_fit(32, shape.m), _fit(32, shape.n), _fit(32, shape.k), 4, 4, 1)
         reasons.append("CPU interpreter: tiles of 16-32 keep each numpy step small")
     else:
-        tiles = _gpu_tiles(shape, epilogue, sms, device or H100, reasons)
+        tiles = _gpu_tiles(shape, epilogue, sms, device or H100, reasons, allow_split)
     upcast = shape.device == "cpu" and shape.dtype == "bf16"
     if upcast:
         # Triton 3.6's interpreter multiplies bf16 tiles' raw bits in tl.dot (1e10 errors);
@@ -393,7 +398,12 @@ def _splits(shape: GemmShape, t: GemmTiles) -> list[int]:
 
 
 def _gpu_tiles(
-    shape: GemmShape, epilogue: Epilogue, sms: int, device: Device, reasons: list[str]
+    shape: GemmShape,
+    epilogue: Epilogue,
+    sms: int,
+    device: Device,
+    reasons: list[str],
+    allow_split: bool = True,
 ) -> GemmTiles:
     """The candidate with the least estimated time: waves of programs x the time of one
     program (its MACs over its tile's tensor-core efficiency). A short grid leaves SMs
@@ -416,7 +426,7 @@ def _gpu_tiles(
             t = replace(t, num_stages=t.num_stages - 1)
         n_tiles = -(-shape.m // t.block_m) * -(-shape.n // t.block_n)
         steps = -(-shape.k // t.block_k)
-        for split in _splits(shape, t):
+        for split in _splits(shape, t) if allow_split else [1]:
             programs = n_tiles * split
             waves = -(-programs // sms)
             k = -(-steps // split) * t.block_k
