@@ -10,17 +10,22 @@ around it in training:
   dx_fc   (dY[M,768] @ W_proj[768,3072]) * GELU'(pre)     the MLP's dX with GELU backward
   dw_fc   dPreᵀ @ X -> [3072, 768] (K = M), db = colsum(dPre)    dW with the bias gradient
   dw_proj dYᵀ @ H -> [768, 3072] (K = M), db = colsum(dY)
+  dw_attn dYᵀ @ Y -> [768, 768] (K = M), db = colsum(dY)  the attention projection's dW
 it times (median by triton.testing.do_bench, L2 flushed between runs):
   template         fuser's Triton GEMM template (fuser/runtime/gemm.py), planner tiles
+  template unsplit the planner's best tiles without split-K (dW rows where it splits K:
+                   the split's deterministic fp32 partials + finalize against one pass)
   cublas+eager     torch.addmm/mm and the pointwise work as separate eager ops
   cublas+fuser     the same function under torch.compile(backend="fuser"), FUSER_GEMM=aten:
                    cuBLAS and fuser's fused pointwise kernel
   fuser-template   the same under torch.compile(backend="fuser"), FUSER_GEMM=template
+                   (its row lists each GEMM kernel's first launch: "warmed up" when the
+                   graph's precompile compiled it, runtime/precompile.py)
   fuser-auto       the same with FUSER_GEMM=auto: the choice (measured on first use, the
                    explain lines in the row)
   inductor-max-autotune  torch.compile(mode="max-autotune-no-cudagraphs")
 and reports ms, TFLOP/s (2·M·N·K) and % of the H100's 989 dense bf16 TFLOP/s, the
-roofline estimate the heuristic uses (schedulers/gemm.estimate) beside it, and each
+roofline estimate the heuristic uses (schedulers/gemm_choice.estimate) beside it, and each
 result's max error against an fp64 reference of the same bf16 inputs, checked before
 timing. --sweep also times the template at every candidate tile (the heuristic's table).
 One JSON document (meta and rows) in --out; a table on stdout. --smoke runs it all at
@@ -46,7 +51,8 @@ from fuser.config import config
 from fuser.dynamo.backend import FuserBackend
 from fuser.runtime.gemm import gemm, plan_for, shape_of
 from fuser.schedulers import device as devices
-from fuser.schedulers.gemm import GPU_TILES, Epilogue, estimate, retile
+from fuser.schedulers.gemm import GPU_TILES, Epilogue, plan_gemm, retile
+from fuser.schedulers.gemm_choice import estimate
 
 PEAK_TFLOPS = 989.0  # H100 SXM dense bf16
 GPT2_DIMS = (16384, 768, 3072, 2304)  # M = B*T rows, C, the MLP's hidden size, QKV's width
@@ -72,7 +78,7 @@ def _cases(device: str, dims: tuple[int, int, int, int]) -> dict[str, dict]:
     x, h = r(M, C), r(M, HID)
     w_fc, w_proj, w_qkv = r(HID, C, scale=C**-0.5), r(C, HID, scale=HID**-0.5), r(QKV, C)
     b_fc, b_proj, b_qkv = r(HID), r(C), r(QKV)
-    res, dy, pre, dpre = r(M, C), r(M, C), r(M, HID), r(M, HID)
+    res, dy, pre, dpre, y = r(M, C), r(M, C), r(M, HID), r(M, HID), r(M, C)
     gelu = Epilogue(bias=True, activation="gelu_tanh", aux=True)
     return {
         "fc": dict(
@@ -116,6 +122,12 @@ def _cases(device: str, dims: tuple[int, int, int, int]) -> dict[str, dict]:
             fn=lambda d, h: (d.t() @ h, d.sum(0)),
             template=lambda d, h, plan=None: gemm(d.t(), h, SUMS, plan=plan)[::2],
             epilogue=Epilogue(reduce="a_rows"), mnk=(C, HID, M), ab=(dy.t(), h),
+        ),
+        "dw_attn": dict(
+            inputs=(dy, y),
+            fn=lambda d, y: (d.t() @ y, d.sum(0)),
+            template=lambda d, y, plan=None: gemm(d.t(), y, SUMS, plan=plan)[::2],
+            epilogue=Epilogue(reduce="a_rows"), mnk=(C, C, M), ab=(dy.t(), y),
         ),
     }  # fmt: skip
 
@@ -164,6 +176,12 @@ def _impls(case: dict, inductor: bool) -> list[tuple[str, Callable[[], Callable]
         backend = FuserBackend()  # its own captures: the row's explain lines
         fn = _compiled(case["fn"], backend=backend)
         fn.fuser_notes = lambda: [n for c in backend.captures for g in c.graphs for n in g.gemm]
+        fn.fuser_first_launches = lambda: {
+            k.name: k.origin
+            for c in backend.captures
+            for k in c.timings.kernels
+            if k.name.startswith("gemm_")
+        }
         return fn
 
     impls = [
@@ -187,9 +205,13 @@ def _case_rows(name: str, case: dict, meta: dict, inductor: bool, sweep: bool) -
     e = case["epilogue"]
     shape = shape_of(*case["ab"], e)
     plan = plan_for(shape, e)
-    est = estimate(shape, e, devices.current())
+    device = devices.current()
+    est = estimate(shape, e, device, plan)
     ref = _reference(case)
     impls = _impls(case, inductor)
+    if plan.split:  # the split-K row's baseline: the best plan that does not split K
+        one = plan_gemm(shape, e, device.sms, device, allow_split=False)
+        impls.insert(1, ("template unsplit", lambda: partial(case["template"], plan=one)))
     if sweep:
         for tiles, _eff in GPU_TILES:
             p = retile(plan, tiles, "sweep")
@@ -201,6 +223,8 @@ def _case_rows(name: str, case: dict, meta: dict, inductor: bool, sweep: bool) -
         row = {"case": name, "M": m, "N": n, "K": k, "fused": e.ops(), "impl": impl} | meta
         if impl == "template":
             row |= {"plan": plan.name, "tiles": plan.tiles.line(), "why": list(plan.reasons)}
+        elif impl == "template unsplit":
+            row |= {"plan": one.name, "tiles": one.tiles.line(), "why": list(one.reasons)}
         row |= {"estimate_template_us": est.template_us, "estimate_aten_us": est.aten_us}
         t0 = time.perf_counter()
         try:
@@ -211,6 +235,7 @@ def _case_rows(name: str, case: dict, meta: dict, inductor: bool, sweep: bool) -
             row["max_rel_err"] = _error(got, ref)
             if hasattr(fn, "fuser_notes"):  # what fuser chose for each matmul, and why
                 row["explain"] = fn.fuser_notes()
+                row["first_launches"] = fn.fuser_first_launches()
             ms = _time(lambda fn=fn: fn(*case["inputs"]))
             row |= {"ms": ms, "tflops": flops / ms / 1e9}
             row["pct_peak"] = 100 * row["tflops"] / PEAK_TFLOPS
@@ -252,6 +277,9 @@ def _summary(rows: list[dict]) -> None:
             parts.append(f"{sep / t:.2f}x of cuBLAS + best separate ({sep:.3f} ms)")
         if ind is not None:
             parts.append(f"{ind / t:.2f}x of Inductor max-autotune ({ind:.3f} ms)")
+        if "template unsplit" in ok:
+            one = ok["template unsplit"]
+            parts.append(f"split-K {one / t:.2f}x of the unsplit template ({one:.3f} ms)")
         print(", ".join(parts), flush=True)
 
 

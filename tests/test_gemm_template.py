@@ -19,7 +19,8 @@ from fuser.runtime.gemm import aten_gemm, gemm, plan_for, shape_of
 from fuser.runtime.gemm_resources import plan_resources
 from fuser.runtime.gemm_tune import decide
 from fuser.schedulers.device import PRESETS
-from fuser.schedulers.gemm import Epilogue, GemmShape, choose, estimate, plan_gemm, unsupported
+from fuser.schedulers.gemm import Epilogue, GemmShape, plan_gemm, unsupported
+from fuser.schedulers.gemm_choice import choose, estimate
 
 H100 = PRESETS["h100"]
 

@@ -22,6 +22,7 @@ from torch import fx
 
 from fuser.config import config, debug_print
 from fuser.dynamo.ce_rewrite import chunk_linear_cross_entropy, one_pass_cross_entropy
+from fuser.dynamo.gemm import template_warmups
 from fuser.dynamo.graph_text import graph_text
 from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_graph
 from fuser.dynamo.program import cudagraphs
@@ -222,7 +223,8 @@ class FuserBackend:
                 with timing.collecting(capture.timings):
                     with timing.phase("lowering"):
                         fn, record = lower_graph(g, kind, name, self.strict, self.check)
-                    precompile(record.kernels, _device_type(inputs))
+                    templates = template_warmups(record.module)  # GEMM template calls
+                    precompile(record.kernels, _device_type(inputs), templates=templates)
                 if record.program is not None:
                     record.program.ledger = capture.timings
                 fn, record.cudagraphs = graphed(fn, g, inputs, kind)

@@ -13,7 +13,7 @@ between a [M, N] matmul and its [B, T, N] consumers:
 A chosen match becomes one call_function node (a GemmCall) returning (C, [the
 pre-activation], [the sums]) whose getitems (row views of them where the old nodes were
 [B, T, N]) replace the matched nodes; the matched nodes are erased. Each match's choice
-(schedulers/gemm.choose: FUSER_GEMM, the backend, the estimate or measurement) is one
+(schedulers/gemm_choice.choose: FUSER_GEMM, the backend, the estimate or measurement) is one
 note explain shows. The CUDA backend has no template: it routes bias + tanh-GELU (with
 no saved pre-activation) to cuBLASLt's GELU epilogue (aten._addmm_activation) on a GPU.
 FUSER_GEMM=aten (the default) leaves the graph as it is.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -32,8 +33,9 @@ from torch import fx
 from fuser.backends.registry import get_backend
 from fuser.config import config
 from fuser.dynamo.pad_mm import _is_2d_transpose
-from fuser.runtime.gemm import gemm, shape_of
+from fuser.runtime.gemm import gemm, shape_of, source_of, warm_up
 from fuser.runtime.gemm_tune import decide
+from fuser.runtime.precompile import TemplateWarmup
 from fuser.schedulers.gemm import DTYPES, Epilogue, GemmPlan, GemmShape
 
 aten = torch.ops.aten
@@ -299,8 +301,38 @@ class GemmCall:
             results.append(sums.reshape(self.sum_shape))
         return tuple(results)
 
+    def warmup(self, a: Any, b: Any, bias: Any, pre: Any, residual: Any) -> GemmPlan:
+        """Compile the kernels a call with tensors like these (fake ones) launches."""
+        m, n, k = self.mkn
+        a = a if a.dim() == 2 else a.reshape(m, k)
+        return warm_up(
+            a, b, self.epilogue, bias=bias, residual=residual, pre=pre, scale=self.scale,
+            out_dtype=self.out_dtype, plan=self.plan,
+        )  # fmt: skip
+
     def __repr__(self) -> str:
         return f"GemmCall({self.plan.name})"
+
+
+def template_warmups(gm: fx.GraphModule) -> list[TemplateWarmup]:
+    """The GEMM template calls of a lowered graph as runtime/precompile.py warms them up
+    before the first call (from each call's fake argument values)."""
+    out = []
+    for node in gm.graph.nodes:
+        call = node.target
+        if node.op != "call_function" or not isinstance(call, GemmCall):
+            continue
+        vals = [_val(x) if isinstance(x, fx.Node) else x for x in node.args]
+        if any(isinstance(x, fx.Node) and v is None for x, v in zip(node.args, vals)):
+            continue  # no fake value to warm it up from: its first call compiles it
+        key = tuple(
+            (tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
+            for v in vals
+        )
+        out.append(
+            TemplateWarmup(call.plan.name, source_of(call.plan), partial(call.warmup, *vals), key)
+        )
+    return out
 
 
 def _insertion_point(gm: fx.GraphModule, found: Match, inputs: list) -> fx.Node | None:

@@ -3,19 +3,26 @@
 The source comes from the renderer for the plan of the call's shape; it is loaded through
 the one Triton path every fuser kernel takes (runtime/triton_backend.load_module: written
 to the cache folder under its hash, interpreted for CPU tensors). Nothing is copied: A, B
-and the epilogue's tensors are passed with their strides.
+and the epilogue's tensors are passed with their strides. A split-K plan launches its
+main kernel (fp32 partials to a workspace) and then its finalize (the fixed-order sum and
+the epilogue). `warm_up` compiles the kernels a call will launch, from fake tensors, for
+runtime/precompile.py.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import torch
 
 from fuser.codegen.triton.gemm import render_gemm
 from fuser.errors import FuserError
-from fuser.runtime.triton_backend import device_problem, load_module
+from fuser.runtime import timing
+from fuser.runtime.kernel import _jit_cache_size
+from fuser.runtime.timing import KernelTime
+from fuser.runtime.triton_backend import WARMED, device_problem, load_module
 from fuser.schedulers import device as devices
 from fuser.schedulers.gemm import (
     DTYPES,
@@ -106,15 +113,76 @@ def gemm(
     the pre-activation in B's dtype; the sums ([M] for "a_rows", [N] for "b_cols") in the
     summed operand's dtype. `plan` overrides the planner's tiles (the autotune)."""
     e = epilogue
-    m, n = a.shape[0], b.shape[-1]
     extra = (bias, residual, pre, out)
     shape = shape_of(a, b, e, out_dtype or (out.dtype if out is not None else None), *extra)
     _check(a, b, shape, e)
     plan = plan_for(shape, e) if plan is None else plan
     if plan.shape != shape or plan.epilogue != e:
         raise FuserError(f"GEMM template: plan {plan.name} is for {plan.shape.line()}")
-    dev = a.device
-    out = torch.empty((m, n), dtype=out_dtype or b.dtype, device=dev) if out is None else out
+    kw = {"bias": bias, "residual": residual, "pre": pre, "scale": scale, "out": out}
+    tensors, values = _operands(plan, a, b, out_dtype or b.dtype, **kw)
+    interpret = a.device.type != "cuda"
+    module = load_module(source_of(plan), interpret=interpret)
+    if interpret:
+        _launch(module, plan, tensors, values)
+    else:
+        with torch.cuda.device(a.device):  # the JIT compiles and launches for a's GPU
+            _first_launch_timed(module, plan, tensors, values)
+    return tensors["C"], tensors.get("AUX"), tensors.get("SUMS")
+
+
+def warm_up(
+    a: Any,
+    b: Any,
+    epilogue: Epilogue = PLAIN,
+    *,
+    bias: Any = None,
+    residual: Any = None,
+    pre: Any = None,
+    scale: float | None = None,
+    out_dtype: torch.dtype | None = None,
+    plan: GemmPlan | None = None,
+) -> GemmPlan:
+    """Compile, without launching, the kernels `gemm` launches for tensors like these:
+    fake or meta ones do (only their dtypes, sizes, strides and device are read); the
+    arguments are made as `gemm` makes them, so Triton specializes them alike. The plan."""
+    e = epilogue
+    shape = shape_of(a, b, e, out_dtype, bias, residual, pre)
+    _check(a, b, shape, e)
+    plan = plan_for(shape, e) if plan is None or plan.shape != shape else plan
+    meta = [_meta(t) for t in (a, b, bias, residual, pre)]
+    kw = dict(zip(("bias", "residual", "pre"), meta[2:], strict=True))
+    tensors, values = _operands(plan, *meta[:2], out_dtype or b.dtype, scale=scale, **kw)
+    module = load_module(source_of(plan), interpret=False)
+    _launch(module, plan, tensors, values, warm=True)
+    WARMED.add(source_of(plan))
+    return plan
+
+
+def _meta(t: Any) -> Any:
+    """A meta tensor of t's size, strides and dtype (t: a real or fake tensor, or None)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _operands(
+    plan: GemmPlan,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out_dtype: torch.dtype,
+    *,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    pre: torch.Tensor | None = None,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The kernels' tensors by argument name (outputs and split-K workspaces made on a's
+    device) and their scalars (sizes, strides, the scale)."""
+    e, dev = plan.epilogue, a.device
+    m, n = a.shape[0], b.shape[-1]
+    out = torch.empty((m, n), dtype=out_dtype, device=dev) if out is None else out
     tensors: dict[str, torch.Tensor] = {"A": a, "B": b, "C": out}
     if e.bias:
         if bias is None or bias.numel() != n:
@@ -130,19 +198,64 @@ def gemm(
         summed = a if e.reduce == "a_rows" else b
         size = m if e.reduce == "a_rows" else n
         tensors["SUMS"] = torch.empty(size, dtype=summed.dtype, device=dev)
+    if plan.split:  # fp32 partials, every element written by the main kernel
+        split = plan.tiles.split_k
+        tensors["PART"] = torch.empty((split, m, n), dtype=torch.float32, device=dev)
+        if e.reduce != "none":
+            size = m if e.reduce == "a_rows" else n
+            tensors["PSUMS"] = torch.empty((split, size), dtype=torch.float32, device=dev)
     if e.a_scale and scale is None:
         raise FuserError("GEMM template: the prologue scales A, and no scale was given")
     values: dict[str, Any] = {"scale": float(scale or 1.0), "M": m, "N": n, "K": a.shape[1]}
     for name, t in tensors.items():
         values.update(zip(STRIDES.get(name, ()), t.stride()))
-    module = load_module(source_of(plan), interpret=dev.type != "cuda")
+    return tensors, values
+
+
+def _launch(module: Any, plan: GemmPlan, tensors: dict, values: dict, warm: bool = False) -> None:
+    """Launch the plan's kernels in order (`warm`: compile them for these arguments'
+    types, sizes and strides, launching nothing; tensors then stand for their dtypes)."""
     t = plan.tiles
-    getattr(module, plan.name)[(plan.grid(),)](
-        *(tensors.get(a_name, values.get(a_name)) for a_name in plan.signature()),
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
-        num_warps=t.num_warps, num_stages=t.num_stages,
-    )  # fmt: skip
-    return out, tensors.get("AUX"), tensors.get("SUMS")
+    consts: dict[str, int] = {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n}
+    if plan.split:
+        consts["SPLIT_K"] = t.split_k
+    options = {"num_warps": t.num_warps, "num_stages": t.num_stages}
+    for i, (name, grid, signature) in enumerate(plan.kernels()):
+        args = [tensors[a] if a in tensors else values[a] for a in signature]
+        kw = dict(consts, **options)
+        if i == 0:  # the main kernel; the finalize has no K loop
+            kw |= {"BLOCK_K": t.block_k, "GROUP_M": t.group_m}
+        else:
+            kw["num_stages"] = 1
+        fn = getattr(module, name)
+        if warm:
+            fn.warmup(*[x.dtype if isinstance(x, torch.Tensor) else x for x in args],
+                      grid=(grid,), **kw)  # fmt: skip
+        else:
+            fn[(grid,)](*args, **kw)
+
+
+def _first_launch_timed(module: Any, plan: GemmPlan, tensors: dict, values: dict) -> None:
+    """Launch; the first launch of each kernel in this process reports its time and
+    whether precompile warmed it up (explain's first-step ledger), as fused kernels do."""
+    fn = getattr(module, plan.name)
+    before = _jit_cache_size(fn)
+    t0 = time.perf_counter()
+    _launch(module, plan, tensors, values)
+    source = source_of(plan)
+    if _jit_cache_size(fn) == before and source in _timed:
+        return
+    _timed.add(source)
+    if source not in WARMED:
+        origin = "JIT (Triton's cache or compiled)"
+    elif _jit_cache_size(fn) > before:
+        origin = "warmed up, but compiled again at its first launch"
+    else:
+        origin = "warmed up"
+    timing.kernel(KernelTime(plan.name, "triton", origin, time.perf_counter() - t0))
+
+
+_timed: set[str] = set()  # sources whose first launch was timed
 
 
 def _gelu(x: torch.Tensor, kind: str) -> torch.Tensor:

@@ -28,26 +28,20 @@ _UNIT = {"s_bn", "s_cn", "s_xn", "s_pn", "s_rn", "s_bias", "s_sum"}
 
 
 def plan_resources(plans: list[GemmPlan], arch: int = 90) -> list[dict[str, int]]:
-    """{"registers", "stack", "local", "shared", "hgmma"} of each plan's kernel for
-    sm_`arch` (one child process for all of them where one is needed)."""
+    """{"registers", "stack", "local", "shared", "hgmma"} of each plan's main kernel for
+    sm_`arch`, and a split-K plan's finalize's as "finalize_registers"... (one child
+    process for all of them where one is needed)."""
     if use_interpreter():
         return _in_child(plans, arch)
     return [_compile(p, arch) for p in plans]
 
 
 def _compile(plan: GemmPlan, arch: int) -> dict[str, int]:
+    """The main kernel's figures; with split-K the finalize's as "finalize_<figure>"."""
     import importlib.util
     import tempfile
     from pathlib import Path
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    t = plan.tiles
-    consts: dict[str, Any] = {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_K": t.block_k}
-    consts["GROUP_M"] = t.group_m
-    unit = _UNIT | ({"s_am"} if plan.epilogue.reduce == "a_rows" else {"s_ak"})
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / f"{plan.name}.py"
         path.write_text(render_gemm(plan))
@@ -55,33 +49,52 @@ def _compile(plan: GemmPlan, arch: int) -> dict[str, int]:
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        fn = getattr(mod, plan.name)
-        sig: dict[str, str] = {}
-        for a in fn.arg_names:
-            if a in consts:
-                sig[a] = "constexpr"
-            elif a in unit:
-                sig[a], consts[a] = "constexpr", 1
-            elif a == "scale":
-                sig[a] = "fp32"
-            elif a in plan.arguments():
-                sig[a] = f"*{plan.shape.dtype}"
-            else:
-                sig[a] = "i32"
-        attrs = {
-            (i,): [["tt.divisibility", 16]]
-            for i, a in enumerate(fn.arg_names)
-            if sig[a] == "i32" or "*" in sig[a]
-        }
-        opts = {"num_warps": t.num_warps, "num_stages": t.num_stages}
-        compiled = triton.compile(
-            ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", arch, 32), options=opts
-        )
-        cubin = compiled.asm["cubin"]
-        found = dict(next(iter(cubin_resources(cubin).values())))
-        # tl.dot on sm_90 should be Hopper's warpgroup MMA (HGMMA in SASS), not mma.sync
-        found["hgmma"] = int("HGMMA" in sass(cubin)) if arch >= 90 else 0
+        found = _compile_fn(plan, getattr(mod, plan.name), arch, main=True)
+        if plan.split:
+            fin = _compile_fn(plan, getattr(mod, plan.name + "_finalize"), arch, main=False)
+            found |= {f"finalize_{k}": v for k, v in fin.items() if k != "hgmma"}
         return found
+
+
+def _compile_fn(plan: GemmPlan, fn: Any, arch: int, main: bool) -> dict[str, int]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    t = plan.tiles
+    known = {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_K": t.block_k}
+    known |= {"GROUP_M": t.group_m, "SPLIT_K": t.split_k}
+    consts: dict[str, Any] = {a: known[a] for a in fn.arg_names if a in known}
+    unit = _UNIT | ({"s_am"} if plan.epilogue.reduce == "a_rows" else {"s_ak"})
+    tensors = set(plan.arguments()) | set(plan.finalize_arguments())
+    sig: dict[str, str] = {}
+    for a in fn.arg_names:
+        if a in consts:
+            sig[a] = "constexpr"
+        elif a in unit:
+            sig[a], consts[a] = "constexpr", 1
+        elif a == "scale":
+            sig[a] = "fp32"
+        elif a in ("PART", "PSUMS"):  # split-K's fp32 partials
+            sig[a] = "*fp32"
+        elif a in tensors:
+            sig[a] = f"*{plan.shape.dtype}"
+        else:
+            sig[a] = "i32"
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, a in enumerate(fn.arg_names)
+        if sig[a] == "i32" or "*" in sig[a]
+    }
+    opts = {"num_warps": t.num_warps, "num_stages": t.num_stages if main else 1}
+    compiled = triton.compile(
+        ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", arch, 32), options=opts
+    )
+    cubin = compiled.asm["cubin"]
+    found = dict(next(iter(cubin_resources(cubin).values())))
+    # tl.dot on sm_90 should be Hopper's warpgroup MMA (HGMMA in SASS), not mma.sync
+    found["hgmma"] = int("HGMMA" in sass(cubin)) if arch >= 90 and main else 0
+    return found
 
 
 def _in_child(plans: list[GemmPlan], arch: int) -> list[dict[str, int]]:

@@ -16,16 +16,8 @@ from fuser.config import config
 from fuser.runtime.cache import digest, load_entry, store_entry
 from fuser.runtime.gemm import aten_gemm, gemm, plan_for
 from fuser.schedulers import device as devices
-from fuser.schedulers.gemm import (
-    GPU_TILES,
-    TORCH_DTYPES,
-    Epilogue,
-    GemmChoice,
-    GemmShape,
-    choose,
-    retile,
-    unsupported,
-)
+from fuser.schedulers.gemm import GPU_TILES, TORCH_DTYPES, Epilogue, GemmShape, retile, unsupported
+from fuser.schedulers.gemm_choice import GemmChoice, choose
 
 _measured: dict[tuple, dict] = {}
 TUNE_CANDIDATES = 3  # tile configurations timed on first use (the planned one first)

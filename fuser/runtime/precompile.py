@@ -14,6 +14,10 @@ compiled by a pool of threads, and the first launches find them ready:
   disk cache (TRITON_CACHE_DIR). A first launch whose arguments specialize otherwise (an
   unaligned pointer) compiles again, as it would have anyway.
 - Triton in the CPU interpreter: nothing to compile.
+- Templates the graph calls outside its fused regions (the GEMM template's calls,
+  dynamo/gemm.py): each is a TemplateWarmup, warmed up beside the Triton kernels in the
+  same AsyncCompileMode block (runtime/gemm.warm_up: the arguments made from the graph's
+  fake values as the call makes them from real ones).
 
 A kernel that fails to compile here is left to its first launch, which raises the error
 where it always did. config.compile_workers (FUSER_COMPILE_WORKERS; 0 or 1: serial)
@@ -24,8 +28,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from fuser.backends.registry import get_backend
@@ -60,10 +65,23 @@ def run_pool(jobs: list[Callable[[], Any]], n: int) -> list[Any]:
         return list(pool.map(safe, jobs))
 
 
+@dataclass(frozen=True)
+class TemplateWarmup:
+    """A template kernel a graph launches outside its fused regions: `warm` compiles it
+    for the arguments the graph's call will pass (nothing launched). `key` tells apart
+    warm-ups of one source for differently specialized arguments."""
+
+    name: str
+    source: str
+    warm: Callable[[], Any] = field(compare=False)
+    key: Any = None
+    backend: str = "triton"
+
+
 def _unique(kernels: list[Any]) -> list[Any]:
     seen, out = set(), []
     for k in kernels:
-        key = (k.backend, k.source)
+        key = (k.backend, k.source, getattr(k, "key", None))
         if key not in seen:
             seen.add(key)
             out.append(k)
@@ -71,12 +89,17 @@ def _unique(kernels: list[Any]) -> list[Any]:
 
 
 def precompile(
-    kernels: list[Any], device_type: str, n: int | None = None, arch: str | None = None
+    kernels: list[Any],
+    device_type: str,
+    n: int | None = None,
+    arch: str | None = None,
+    templates: Sequence[TemplateWarmup] = (),
 ) -> list[Any]:
-    """Compile `kernels` (fuser Kernels, to run on `device_type`) in parallel; returns the
-    per-kernel results (a cubin, None for a warmed Triton kernel, or an exception).
-    `arch`: the CUDA architecture (default: the current device's)."""
-    kernels = _unique(kernels)
+    """Compile `kernels` (fuser Kernels, to run on `device_type`) and `templates` in
+    parallel; returns the per-kernel results (a cubin, None for a warmed Triton kernel or
+    template, or an exception), templates last. `arch`: the CUDA architecture (default:
+    the current device's)."""
+    kernels = _unique([*kernels, *templates])
     n = workers() if n is None else n
     ledgers = timing.current()
     jobs: list[Callable[[], Any]] = []
@@ -144,6 +167,10 @@ def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
     def warm_all() -> None:
         for k in kernels:
             try:
+                if isinstance(k, TemplateWarmup):
+                    k.warm()  # adds its source to WARMED itself
+                    results.append(None)
+                    continue
                 module = load_module(k.source, False)
                 s, args = k.schedule, warmup_args(k)
                 fn = getattr(module, k.name)

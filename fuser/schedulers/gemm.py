@@ -8,10 +8,10 @@ read through their strides (a transposed operand is a stride swap, never a copy)
 accumulation, and the fused work of an `Epilogue` applied to the fp32 tile before it is
 stored. This module decides, once, for one matmul:
   - whether the template can compute it at all (`unsupported`: the reason ATen keeps it);
-  - its tiles (`plan_gemm`): BLOCK_M x BLOCK_N x BLOCK_K, the GROUP_M swizzle, warps and
-    pipeline stages, each with its reason, as a GemmPlan the renderer only prints;
-  - template or cuBLAS plus a separate pointwise kernel (`choose`), from a roofline
-    estimate or a measurement (runtime/gemm_tune.py), with FUSER_GEMM's mode.
+  - its tiles (`plan_gemm`): BLOCK_M x BLOCK_N x BLOCK_K, the GROUP_M swizzle, warps,
+    pipeline stages and split-K, each with its reason, as a GemmPlan the renderer only
+    prints.
+Template or cuBLAS plus a separate pointwise kernel is schedulers/gemm_choice.py's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from fuser.explanation import Explanation
-from fuser.schedulers.device import Device
+from fuser.schedulers.device import PRESETS, Device
 
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
@@ -31,6 +31,14 @@ ACTIVATIONS = ("none", "gelu", "gelu_tanh")
 REDUCES = ("none", "a_rows", "b_cols")
 SMEM_BUDGET = 200 * 1024  # of the H100's 227 KB a block: the rest for the epilogue's shuffles
 INT32_MAX = 2**31 - 1
+H100 = PRESETS["h100"]
+# dense fp16/bf16 tensor-core peaks by compute capability (NVIDIA's datasheets: H100 SXM
+# 989 TFLOP/s, A100 312)
+PEAK_TFLOPS = {90: 989.0, 80: 312.0}
+# the fraction of that peak the template reaches on a full wave at the GPT-2 124M shapes:
+# an estimate, to be replaced by what benchmarks/gemm_bench.py measures
+TEMPLATE_EFFICIENCY = 0.60
+LAUNCH_US = 3.0  # a separate kernel's launch gap and ramp
 
 
 @dataclass(frozen=True)
@@ -155,11 +163,17 @@ class GemmTiles:
     group_m: int
     num_warps: int
     num_stages: int
+    # split-K: K cut into this many ranges, one program each; each writes its fp32
+    # partial tile to a workspace and a finalize kernel adds them in a fixed order (the
+    # same bits every run) before the epilogue. For a grid too short for the SMs: dW.
+    split_k: int = 1
 
     def line(self) -> str:
+        split = f" SPLIT_K={self.split_k}" if self.split_k > 1 else ""
         return (
             f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} BLOCK_K={self.block_k} "
             f"GROUP_M={self.group_m} num_warps={self.num_warps} num_stages={self.num_stages}"
+            f"{split}"
         )
 
     def smem(self, itemsize: int) -> int:
@@ -194,31 +208,75 @@ class GemmPlan:
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     @property
+    def split(self) -> bool:
+        """K split over several programs, their partial tiles added by a finalize kernel."""
+        return self.tiles.split_k > 1
+
+    @property
     def name(self) -> str:
         t = self.tiles
-        return f"gemm_{self.epilogue.tag()}_{self.shape.dtype}_m{t.block_m}n{t.block_n}k{t.block_k}"
+        split = f"_sk{t.split_k}" if self.split else ""
+        return (
+            f"gemm_{self.epilogue.tag()}_{self.shape.dtype}_m{t.block_m}n{t.block_n}k{t.block_k}"
+            f"{split}"
+        )
 
-    def grid(self) -> int:
+    def tile_grid(self) -> int:
+        """BLOCK_M x BLOCK_N tiles of C (the finalize kernel's programs)."""
         t, s = self.tiles, self.shape
         return -(-s.m // t.block_m) * -(-s.n // t.block_n)
 
-    def arguments(self) -> list[str]:
-        """The kernel's tensor and scalar arguments in order (the strides follow)."""
+    def grid(self) -> int:
+        """Programs of the main kernel: a tile and a K range each."""
+        return self.tile_grid() * self.tiles.split_k
+
+    def _epilogue_tensors(self) -> list[str]:
         e = self.epilogue
-        names = ["A", "B", "C"]
+        names = ["C"]
         names += ["BIAS"] if e.bias else []
         names += ["AUX"] if e.aux else []
         names += ["PRE"] if e.gelu_grad != "none" else []
         names += ["RES"] if e.residual else []
         names += ["SUMS"] if e.reduce != "none" else []
-        names += ["scale"] if e.a_scale else []
         return names
 
-    def signature(self) -> list[str]:
-        """Every argument of the kernel in order: tensors, the scale, sizes, strides."""
-        names = self.arguments()
+    def _workspaces(self) -> list[str]:
+        """The split's fp32 partials: [SPLIT_K, M, N] tiles and [SPLIT_K, M or N] sums."""
+        return ["PART"] + (["PSUMS"] if self.epilogue.reduce != "none" else [])
+
+    def arguments(self) -> list[str]:
+        """The main kernel's tensor and scalar arguments in order (the strides follow)."""
+        names = ["A", "B"]
+        names += self._workspaces() if self.split else self._epilogue_tensors()
+        names += ["scale"] if self.epilogue.a_scale else []
+        return names
+
+    def finalize_arguments(self) -> list[str]:
+        """The finalize kernel's tensor arguments (none without a split)."""
+        return [*self._workspaces(), *self._epilogue_tensors()] if self.split else []
+
+    def signature(self, finalize: bool = False) -> list[str]:
+        """Every argument of the main (or the finalize) kernel in order: tensors, the
+        scale, sizes, strides (the workspaces are contiguous: no strides)."""
+        names = self.finalize_arguments() if finalize else self.arguments()
         strides = [s for a in names for s in STRIDES.get(a, ())]
-        return [*names, "M", "N", "K", *strides]
+        sizes = ["M", "N"] if finalize else ["M", "N", "K"]
+        return [*names, *sizes, *strides]
+
+    def kernels(self) -> list[tuple[str, int, list[str]]]:
+        """(function name, programs, signature) of each kernel, in launch order."""
+        out = [(self.name, self.grid(), self.signature())]
+        if self.split:
+            out.append((f"{self.name}_finalize", self.tile_grid(), self.signature(True)))
+        return out
+
+    def workspace_bytes(self) -> int:
+        """The split's fp32 partials (0 without a split)."""
+        if not self.split:
+            return 0
+        s, e = self.shape, self.epilogue
+        sums = {"a_rows": s.m, "b_cols": s.n}.get(e.reduce, 0)
+        return 4 * self.tiles.split_k * (s.m * s.n + sums)
 
     def explain(self) -> Explanation:
         s = self.shape
@@ -227,12 +285,21 @@ class GemmPlan:
         lines = [
             f"GEMM template {self.name}: {s.line()}",
             f"  fused: {', '.join(self.epilogue.ops()) or 'nothing'}",
-            f"  tiles: {self.tiles.line()}; {self.grid()} programs",
+            f"  tiles: {self.tiles.line()}; {self._programs()}",
             f"  masks: {', '.join(masks) + ' bounds' if masks else 'none (exact tiles)'}"
             f"{'; tiles cast to fp32 before tl.dot' if self.dot_upcast else ''}",
         ]
         lines += [f"  why: {r}" for r in self.reasons]
         return Explanation("\n".join(lines))
+
+    def _programs(self) -> str:
+        if not self.split:
+            return f"{self.grid()} programs"
+        return (
+            f"{self.tile_grid()} tiles x {self.tiles.split_k} K ranges = {self.grid()} "
+            f"programs, then a finalize of {self.tile_grid()} adding the fp32 partials "
+            f"({self.workspace_bytes() / 1e6:.1f} MB workspace) in a fixed order"
+        )
 
 
 def _pow2(n: int) -> int:
@@ -259,15 +326,23 @@ GPU_TILES = (
 )
 
 
-def plan_gemm(shape: GemmShape, epilogue: Epilogue, sms: int = 132) -> GemmPlan:
-    """The tiles of one matmul with the reasons (`sms`: the GPU's SM count)."""
+def plan_gemm(
+    shape: GemmShape,
+    epilogue: Epilogue,
+    sms: int = 132,
+    device: Device | None = None,
+    allow_split: bool = True,
+) -> GemmPlan:
+    """The tiles of one matmul with the reasons (`sms`: the GPU's SM count; `device`:
+    its peak and bandwidth for the split-K trade, the H100's by default;
+    `allow_split=False`: the best plan without split-K, the benchmark's baseline)."""
     reasons: list[str] = []
     if shape.device == "cpu":
         # the interpreter runs every tile op in numpy: small tiles keep tests in seconds
         tiles = GemmTiles(_fit(32, shape.m), _fit(32, shape.n), _fit(32, shape.k), 4, 4, 1)
         reasons.append("CPU interpreter: tiles of 16-32 keep each numpy step small")
     else:
-        tiles = _gpu_tiles(shape, epilogue, sms, reasons)
+        tiles = _gpu_tiles(shape, epilogue, sms, device or H100, reasons, allow_split)
     upcast = shape.device == "cpu" and shape.dtype == "bf16"
     if upcast:
         # Triton 3.6's interpreter multiplies bf16 tiles' raw bits in tl.dot (1e10 errors);
@@ -286,6 +361,8 @@ def _planned(
 ) -> GemmPlan:
     for side in (t.block_m, t.block_n, t.block_k):
         assert side >= 16 and side & (side - 1) == 0, f"tile side {side}: a power of two >= 16"
+    if t.split_k > 1 and (shape.index64 or t.split_k * shape.m * shape.n > INT32_MAX):
+        raise ValueError(f"SPLIT_K={t.split_k}: the fp32 partials pass 2**31 elements")
     even = (shape.m % t.block_m == 0, shape.n % t.block_n == 0, shape.k % t.block_k == 0)
     return GemmPlan(shape, epilogue, t, *even, upcast, reasons)
 
@@ -299,11 +376,42 @@ def _heavy_epilogue(epilogue: Epilogue) -> bool:
     return epilogue.activation != "none" or epilogue.gelu_grad != "none"
 
 
-def _gpu_tiles(shape: GemmShape, epilogue: Epilogue, sms: int, reasons: list[str]) -> GemmTiles:
+# split-K candidates (K ranges a tile's work is cut into) and the fewest BLOCK_K steps a
+# range walks (an estimate: with a handful of steps the pipeline's prologue and the fp32
+# partial's store cost as much as the loop; dW at GPT-2 shapes has 256 steps of 64)
+SPLITS = (1, 2, 3, 4, 6, 8)
+MIN_K_STEPS = 8
+
+
+def _splits(shape: GemmShape, t: GemmTiles) -> list[int]:
+    """The split-K factors that give every K range at least MIN_K_STEPS steps (none
+    empty) and keep the fp32 partials' offsets in 32 bits."""
+    steps = -(-shape.k // t.block_k)
+    out = [1]
+    for s in SPLITS[1:]:
+        per = -(-steps // s)
+        if shape.index64 or s * shape.m * shape.n > INT32_MAX:
+            break
+        if per >= MIN_K_STEPS and (s - 1) * per < steps:
+            out.append(s)
+    return out
+
+
+def _gpu_tiles(
+    shape: GemmShape,
+    epilogue: Epilogue,
+    sms: int,
+    device: Device,
+    reasons: list[str],
+    allow_split: bool = True,
+) -> GemmTiles:
     """The candidate with the least estimated time: waves of programs x the time of one
-    tile (its MACs over its tensor-core efficiency). A short grid leaves SMs idle in its
-    last wave, which the smaller tiles avoid at a lower efficiency."""
-    best, best_cost, lines = None, math.inf, []
+    program (its MACs over its tile's tensor-core efficiency). A short grid leaves SMs
+    idle in its last wave, which the smaller tiles avoid at a lower efficiency, and
+    split-K at the cost of writing and re-reading fp32 partials (and a finalize launch)."""
+    peak_sm = PEAK_TFLOPS.get(device.arch, PEAK_TFLOPS[80]) * 1e12 * TEMPLATE_EFFICIENCY / sms
+    bw = device.dram_gbps * 1e9
+    best, best_us, unsplit_us, lines = None, math.inf, math.inf, []
     for tiles, eff in GPU_TILES:
         t = replace(
             tiles,
@@ -316,170 +424,35 @@ def _gpu_tiles(shape: GemmShape, epilogue: Epilogue, sms: int, reasons: list[str
         itemsize = BYTES[shape.dtype]
         while t.num_stages > 2 and t.smem(itemsize) > SMEM_BUDGET:
             t = replace(t, num_stages=t.num_stages - 1)
-        programs = -(-shape.m // t.block_m) * -(-shape.n // t.block_n)
-        waves = -(-programs // sms)
-        cost = waves * t.block_m * t.block_n / eff
-        lines.append(f"{t.block_m}x{t.block_n}: {programs} programs, {waves} wave(s)")
-        if cost < best_cost - 1e-9:
-            best, best_cost = t, cost
+        n_tiles = -(-shape.m // t.block_m) * -(-shape.n // t.block_n)
+        steps = -(-shape.k // t.block_k)
+        for split in _splits(shape, t) if allow_split else [1]:
+            programs = n_tiles * split
+            waves = -(-programs // sms)
+            k = -(-steps // split) * t.block_k
+            us = waves * 2.0 * t.block_m * t.block_n * k / (peak_sm * eff) * 1e6
+            if split > 1:
+                partials = 4 * split * shape.m * shape.n
+                us += 2 * partials / bw * 1e6 + LAUNCH_US  # written, read back; a launch
+            else:
+                lines.append(f"{t.block_m}x{t.block_n}: {programs} programs, {waves} wave(s)")
+                unsplit_us = min(unsplit_us, us)
+            if us < best_us - 1e-9:
+                best, best_us = replace(t, split_k=split), us
     assert best is not None
     reasons.append(
         f"tile {best.block_m}x{best.block_n}x{best.block_k}, {best.num_warps} warps, "
         f"{best.num_stages} stages: fewest waves x tile time over {sms} SMs "
         f"({'; '.join(lines)})"
     )
+    if best.split_k > 1:
+        programs = -(-shape.m // best.block_m) * -(-shape.n // best.block_n) * best.split_k
+        reasons.append(
+            f"split-K {best.split_k}: {programs} programs in {-(-programs // sms)} wave(s), "
+            f"est. {best_us:.0f} us with the fp32 partials written and added back vs "
+            f"{unsplit_us:.0f} us unsplit (K={shape.k} is long, the grid short)"
+        )
     if _heavy_epilogue(epilogue):
         reasons.append("a GELU in the epilogue: tiles of at most 128x128 (128x256 spills)")
     reasons.append(f"GROUP_M={best.group_m}: row blocks walk columns in groups (B tiles in L2)")
     return best
-
-
-# ---- the choice ---------------------------------------------------------------------
-
-MODES = ("aten", "template", "auto")
-# dense fp16/bf16 tensor-core peaks by compute capability (NVIDIA's datasheets: H100 SXM
-# 989 TFLOP/s, A100 312)
-PEAK_TFLOPS = {90: 989.0, 80: 312.0}
-# the fractions of that peak cuBLAS and the template reach at the GPT-2 124M shapes:
-# estimates (cuBLAS ~690 TFLOP/s bf16 on an H100 at large K), to be replaced by what
-# benchmarks/gemm_bench.py measures
-CUBLAS_EFFICIENCY = 0.70
-TEMPLATE_EFFICIENCY = 0.60
-LAUNCH_US = 3.0  # a separate kernel's launch gap and ramp
-MARGIN = 0.95  # the template must be estimated 5% faster: the estimate's own error
-
-
-@dataclass(frozen=True)
-class GemmEstimate:
-    """Roofline times of both ways: max(FLOPs / sustained peak, bytes / bandwidth)."""
-
-    template_us: float
-    aten_us: float
-    template_bytes: int
-    aten_bytes: int
-
-    def line(self) -> str:
-        return (
-            f"estimate: template {self.template_us:.1f} us ({self.template_bytes / 1e6:.1f} MB) "
-            f"vs cuBLAS + separate kernels {self.aten_us:.1f} us "
-            f"({self.aten_bytes / 1e6:.1f} MB)"
-        )
-
-
-def _tile_efficiency(plan: GemmPlan | None, sms: int) -> float:
-    """The plan's tile efficiency (GPU_TILES) over its last wave's idle SMs: 288 programs
-    on 132 SMs run as 3 full waves (1.375x the work's time)."""
-    if plan is None:
-        return 1.0
-    t = plan.tiles
-    eff = next((e for c, e in GPU_TILES if (c.block_m, c.block_n) == (t.block_m, t.block_n)), 0.55)
-    programs = plan.grid()
-    return eff * programs / (-(-programs // sms) * sms)
-
-
-def estimate(
-    shape: GemmShape, epilogue: Epilogue, device: Device, plan: GemmPlan | None = None
-) -> GemmEstimate:
-    """Template time = max(flops / (peak x its efficiency x the plan's tile and wave
-    efficiency), its bytes / bandwidth); ATen time = the cuBLAS GEMM's (bias fused, as
-    addmm does; cuBLAS's split-K and stream-K kernels are taken to keep its efficiency
-    at any grid) + each separate kernel's bytes / bandwidth and launch."""
-    peak = PEAK_TFLOPS.get(device.arch, PEAK_TFLOPS[80]) * 1e12
-    bw = device.dram_gbps * 1e9
-    m, n, k = shape.m, shape.n, shape.k
-    ab, ob, db = BYTES[shape.a_dtype], BYTES[shape.out_dtype], BYTES[shape.dtype]
-    mn = m * n
-    core = m * k * ab + k * n * db + (n * ob if epilogue.bias else 0)
-    extra = mn * ob * (int(epilogue.aux) + int(epilogue.residual))
-    extra += mn * ob * int(epilogue.gelu_grad != "none")
-    sums = {"a_rows": m, "b_cols": n}.get(epilogue.reduce, 0) * ob
-    t_bytes = core + mn * ob + extra + sums
-    eff = TEMPLATE_EFFICIENCY * _tile_efficiency(plan, device.sms)
-    template_us = max(shape.flops() / (peak * eff), t_bytes / bw) * 1e6
-    # ATen: the GEMM writes C in the dot dtype; a pointwise kernel reads it back with its
-    # other operands and writes the result; a cast prologue is its own kernel; the sum of
-    # an operand reads that operand again
-    kernels, side = 0, 0
-    a_core = m * k * db + k * n * db + (n * db if epilogue.bias else 0) + mn * db
-    if epilogue.a_cast or epilogue.a_scale:
-        kernels, side = kernels + 1, side + m * k * (ab + db)
-    pointwise = epilogue.activation != "none" or epilogue.gelu_grad != "none"
-    if pointwise or epilogue.residual or shape.out_dtype != shape.dtype:
-        kernels += 1
-        side += mn * db + mn * ob + extra - (mn * ob if epilogue.aux else 0)
-    if epilogue.reduce != "none":
-        kernels += 1
-        side += (m * k if epilogue.reduce == "a_rows" else k * n) * db + sums
-    gemm_us = max(shape.flops() / (peak * CUBLAS_EFFICIENCY), a_core / bw) * 1e6
-    aten_us = gemm_us + side / bw * 1e6 + kernels * LAUNCH_US
-    return GemmEstimate(template_us, aten_us, t_bytes, a_core + side)
-
-
-@dataclass(frozen=True)
-class GemmChoice:
-    """Template or cuBLAS for one matmul and its fused work, and why."""
-
-    template: bool
-    reasons: tuple[str, ...]
-    plan: GemmPlan | None = None
-    estimate: GemmEstimate | None = None
-
-    def line(self) -> str:
-        who = f"template {self.plan.name}" if self.template and self.plan else "cuBLAS"
-        return f"{who}: " + "; ".join(self.reasons)
-
-
-def choose(
-    shape: GemmShape,
-    epilogue: Epilogue,
-    why_not: str | None,
-    mode: str,
-    device: Device,
-    template_backend: bool = True,
-    measured: dict | None = None,
-) -> GemmChoice:
-    """The template or cuBLAS. `why_not`: what `unsupported` said; `mode`: FUSER_GEMM;
-    `template_backend`: whether the backend renders the template (CUDA routes GEMMs to
-    cuBLAS); `measured`: template vs cuBLAS + separate kernel on this GPU (auto), in ms."""
-    if mode not in MODES:
-        return GemmChoice(False, (f"FUSER_GEMM={mode!r} is not one of {MODES}",))
-    if mode == "aten":
-        return GemmChoice(
-            False,
-            (
-                "FUSER_GEMM=aten (the default): the template is not yet measured faster than "
-                "cuBLAS + a fused pointwise kernel; =auto chooses by estimate or measurement, "
-                "=template forces it",
-            ),
-        )
-    if not template_backend:
-        return GemmChoice(False, ("the CUDA backend has no GEMM template: cuBLAS",))
-    if why_not is not None:
-        return GemmChoice(False, (f"the template does not take this matmul: {why_not}",))
-    if epilogue.empty:
-        return GemmChoice(False, ("nothing to fuse: cuBLAS alone is the faster GEMM",))
-    plan = plan_gemm(shape, epilogue, device.sms)
-    est = estimate(shape, epilogue, device, plan)
-    if mode == "template":
-        return GemmChoice(True, ("FUSER_GEMM=template forces it", est.line()), plan, est)
-    if measured is not None:
-        t, a = measured["template_ms"], measured["aten_ms"]
-        faster = t < a
-        tiles = measured.get("tiles")
-        if faster and tiles:
-            plan = retile(plan, GemmTiles(*tiles), f"autotuned on {measured.get('device')}")
-        why = (
-            f"FUSER_GEMM=auto, measured on {measured.get('device', 'this GPU')}: template "
-            f"{t:.3f} ms vs cuBLAS + separate kernel {a:.3f} ms, "
-            f"{'faster' if faster else 'not faster'} (cached on disk)"
-        )
-        return GemmChoice(faster, (why, est.line()), plan if faster else None, est)
-    if shape.device != "cuda":
-        why = (
-            "FUSER_GEMM=auto on CPU: Triton's interpreter is no match for ATen's CPU matmul "
-            "(the estimate is the GPU model's)"
-        )
-        return GemmChoice(False, (why, est.line()), None, est)
-    faster = est.template_us < MARGIN * est.aten_us
-    why = f"FUSER_GEMM=auto, no measurement: the estimate says {'template' if faster else 'cuBLAS'}"
-    return GemmChoice(faster, (why, est.line()), plan if faster else None, est)

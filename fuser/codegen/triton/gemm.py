@@ -85,6 +85,8 @@ def header(plan: GemmPlan) -> str:
         *plan.explain().splitlines(),
         f"arguments: {', '.join(plan.signature())}",
     ]
+    if plan.split:
+        lines.append(f"finalize arguments: {', '.join(plan.signature(finalize=True))}")
     return '"""' + "\n".join(lines) + '\n"""\n'
 
 
@@ -101,26 +103,41 @@ def _store(ptr: str, value: str, mask: str) -> str:
     return f"tl.store({ptr}, {value}, mask={mask})" if mask else f"tl.store({ptr}, {value})"
 
 
-def render_gemm(plan: GemmPlan) -> str:
-    """The Triton source of the plan's kernel, with its header."""
-    w = Writer()
+def _def(w: Writer, name: str, signature: list[str], consts: list[str]) -> None:
     w.line("@triton.jit")
-    args = ", ".join(plan.signature())
-    consts = "BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr"
-    with w.block(f"def {plan.name}("):
+    args = ", ".join(signature)
+    with w.block(f"def {name}("):
         for line in textwrap.wrap(args + ",", 88, break_long_words=False):
             w.line(line)
-        w.line(f"{consts}, GROUP_M: tl.constexpr,")
+        w.line(", ".join(f"{c}: tl.constexpr" for c in consts) + ",")
     w.line("):")
+
+
+def render_gemm(plan: GemmPlan) -> str:
+    """The Triton source of the plan's kernel (and its split-K finalize), with its header."""
+    w = Writer()
+    consts = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"]
+    _def(w, plan.name, plan.signature(), consts + (["SPLIT_K"] if plan.split else []))
     with w.block():
         _program_tile(w, plan)
         _main_loop(w, plan)
-        _epilogue(w, plan)
+        if plan.split:
+            _store_partials(w, plan)
+        else:
+            _epilogue(w, plan)
+    if plan.split:
+        w.line()
+        w.line()
+        _finalize(w, plan)
     return "\n".join([header(plan), _PRELUDE, *_helpers(plan), "", w.text()])
 
 
 def _program_tile(w: Writer, plan: GemmPlan) -> None:
     w.line("pid = tl.program_id(0)")
+    if plan.split:
+        w.comment("split-K: the SPLIT_K programs of a tile are neighbours, each a K range")
+        w.line("split = pid % SPLIT_K")
+        w.line("pid = pid // SPLIT_K")
     w.line("grid_m = tl.cdiv(M, BLOCK_M)")
     w.line("grid_n = tl.cdiv(N, BLOCK_N)")
     w.comment("GROUP_M row blocks take the column blocks in turn: B's tiles are reused from L2")
@@ -159,11 +176,21 @@ def _main_loop(w: Writer, plan: GemmPlan) -> None:
     w.line(f"a_ptrs = A + {r}[:, None] * s_am + {k}[None, :] * s_ak")
     w.line(f"b_ptrs = B + {k}[:, None] * s_bk + {c}[None, :] * s_bn")
     w.line("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+    loop = "for k in range(0, tl.cdiv(K, BLOCK_K)):"
+    if plan.split:
+        w.comment("this program's K range: whole BLOCK_K steps, the last range the shortest")
+        w.line("k_steps = tl.cdiv(K, BLOCK_K)")
+        w.line("per_split = tl.cdiv(k_steps, SPLIT_K)")
+        w.line("k_first = split * per_split")
+        w.line("k_end = tl.minimum(k_first + per_split, k_steps)")
+        w.line("a_ptrs += k_first * BLOCK_K * s_ak")
+        w.line("b_ptrs += k_first * BLOCK_K * s_bk")
+        loop = "for k in range(k_first, k_end):"
     if e.reduce == "a_rows":
         w.line("a_sum = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum_k A[m, k], the bias grad")
     elif e.reduce == "b_cols":
         w.line("b_sum = tl.zeros([BLOCK_N], dtype=tl.float32)  # sum_k B[k, n], the bias grad")
-    with w.block("for k in range(0, tl.cdiv(K, BLOCK_K)):"):
+    with w.block(loop):
         if not plan.even_k:
             w.line("k_left = K - k * BLOCK_K")
         w.line(f"a = {_load('a_ptrs', _and(m['m'], m['ka']))}")
@@ -198,13 +225,75 @@ def _tile_ptr(plan: GemmPlan, base: str, sm: str, sn: str) -> str:
     return f"{base} + {_idx(plan, 'rows')}[:, None] * {sm} + {_idx(plan, 'cols')}[None, :] * {sn}"
 
 
-def _epilogue(w: Writer, plan: GemmPlan) -> None:
-    e, m = plan.epilogue, _masks(plan)
+def _tile_mask(w: Writer, plan: GemmPlan) -> str:
+    """Prints the tile's bounds mask where it needs one; its name or ""."""
+    m = _masks(plan)
     mask = _and(m["m"], m["n"])
-    w.comment("epilogue, on the fp32 tile")
     if mask:
         w.line(f"mask = {mask}")
-        mask = "mask"
+        return "mask"
+    return ""
+
+
+def _store_partials(w: Writer, plan: GemmPlan) -> None:
+    """Split-K: the program's fp32 partial tile (and sums) to the workspaces."""
+    e = plan.epilogue
+    w.comment("split-K: this K range's fp32 partial tile; the finalize adds the ranges")
+    mask = _tile_mask(w, plan)
+    part = (
+        f"PART + split * M * N + {_idx(plan, 'rows')}[:, None] * N + {_idx(plan, 'cols')}[None, :]"
+    )
+    w.line(_store(part, "acc", mask))
+    if e.reduce == "a_rows":
+        with w.block("if pid_n == 0:"):
+            w.line(_store("PSUMS + split * M + rows", "a_sum", "" if plan.even_m else "rows < M"))
+    elif e.reduce == "b_cols":
+        with w.block("if pid_m == 0:"):
+            w.line(_store("PSUMS + split * N + cols", "b_sum", "" if plan.even_n else "cols < N"))
+
+
+def _finalize(w: Writer, plan: GemmPlan) -> None:
+    """Split-K's second kernel: a tile's partials added in split order, then the epilogue."""
+    e = plan.epilogue
+    _def(
+        w, f"{plan.name}_finalize", plan.signature(finalize=True), ["BLOCK_M", "BLOCK_N", "SPLIT_K"]
+    )
+    with w.block():
+        w.line("pid = tl.program_id(0)")
+        w.line("grid_n = tl.cdiv(N, BLOCK_N)")
+        w.line("pid_m = pid // grid_n")
+        w.line("pid_n = pid % grid_n")
+        w.line("rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+        w.line("cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
+        if plan.shape.index64:
+            w.line("rows64 = rows.to(tl.int64)")
+            w.line("cols64 = cols.to(tl.int64)")
+        mask = _tile_mask(w, plan)
+        offs = f"{_idx(plan, 'rows')}[:, None] * N + {_idx(plan, 'cols')}[None, :]"
+        w.line(f"part = PART + {offs}")
+        w.comment("the K ranges' partials added in split order: the same bits every run")
+        w.line("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+        with w.block("for split in tl.static_range(SPLIT_K):"):
+            w.line(f"acc += {_load('part + split * M * N', mask)}")
+        if e.reduce != "none":
+            size, idx, even = (
+                ("M", "rows", plan.even_m) if e.reduce == "a_rows" else ("N", "cols", plan.even_n)
+            )
+            total = "a_sum" if e.reduce == "a_rows" else "b_sum"
+            w.line(f"{total} = tl.zeros([BLOCK_{size}], dtype=tl.float32)")
+            with w.block("for split in tl.static_range(SPLIT_K):"):
+                load = _load(f"PSUMS + split * {size} + {idx}", "" if even else f"{idx} < {size}")
+                w.line(f"{total} += {load}")
+        _epilogue(w, plan, mask)
+
+
+def _epilogue(w: Writer, plan: GemmPlan, mask: str | None = None) -> None:
+    """The fused work on the fp32 tile `acc`, then the stores; `mask`: the tile's
+    bounds mask when the caller printed it already."""
+    e = plan.epilogue
+    w.comment("epilogue, on the fp32 tile")
+    if mask is None:
+        mask = _tile_mask(w, plan)
     w.line("x = acc")
     if e.bias:
         bias = _load(f"BIAS + {_idx(plan, 'cols')} * s_bias", "" if plan.even_n else "cols < N")
