@@ -90,6 +90,10 @@ class Nest:
     columns: list[Node] = field(default_factory=list)
 
 
+# kernels whose blocks split the rows (a column reduction's COL outputs are its results)
+ROW_KINDS = ("pointwise", "inner_persistent", "inner_looped")
+
+
 class CudaKernelWriter(CudaExpressions):
     # -- memory ------------------------------------------------------------------------
     def offset(self, a: Arg) -> str:
@@ -376,6 +380,10 @@ class CudaKernelWriter(CudaExpressions):
                 w.line(f"{a.name}_o[i] = {to_memory(self.ref(a.value), a.dtype)};")
         for a in vec_outs:
             cond = [c for c in (self.guard(a, r), nest.store_when.get(a.kind)) if c]
+            if a.kind == Kind.COL and self.spec.rows > 1 and self.s.kind in ROW_KINDS:
+                # row-invariant: stored by row 0's threads only, not by every row (the same
+                # addresses written by every block serialize in L2)
+                cond.append("row == 0")
             self.guarded(" && ".join(cond) or None, self.slot_access(a, r, f"{a.name}_o", False))
 
     # -- cones ---------------------------------------------------------------------------
