@@ -137,10 +137,18 @@ def _raise_reported() -> None:
         assert _gpu_flag_view is not None
         _gpu_flag_view[0] = 0
         _gpu_records[:] = [(r, d) for r, d in _gpu_records if r() is not None]
-    if found is not None:
-        kernel, reported = found
-        origin = (
-            f"reported by kernel {kernel.name} on the GPU (raised by the first fuser call "
-            "after it ran, or by fuser.check_errors())"
+    if found is None:
+        # the flag was raised but no live kernel holds a record: the kernel that found
+        # the bad index was freed since (its graph recompiled or reset). Say so rather
+        # than clear the flag in silence: its outputs were computed from a bad index.
+        raise OutOfBoundsError(
+            "a fuser kernel on the GPU reported an out-of-range index, but the kernel has "
+            "been freed since (its compiled graph was recompiled or reset), so which "
+            "element and value are unknown; its results were computed from a bad index"
         )
-        raise _error(kernel, reported, origin)
+    kernel, reported = found
+    origin = (
+        f"reported by kernel {kernel.name} on the GPU (raised by the first fuser call "
+        "after it ran, or by fuser.check_errors())"
+    )
+    raise _error(kernel, reported, origin)
