@@ -205,6 +205,9 @@ class GemmPlan:
     even_n: bool
     even_k: bool
     dot_upcast: bool  # tiles cast to fp32 before tl.dot (bf16 in Triton's CPU interpreter)
+    # bf16 converted through its bits (helpers _cvt/_f32): Triton 3.6's interpreter
+    # truncates float32 -> bf16 where a GPU and torch round to nearest even
+    exact_bf16: bool = False
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -287,7 +290,8 @@ class GemmPlan:
             f"  fused: {', '.join(self.epilogue.ops()) or 'nothing'}",
             f"  tiles: {self.tiles.line()}; {self._programs()}",
             f"  masks: {', '.join(masks) + ' bounds' if masks else 'none (exact tiles)'}"
-            f"{'; tiles cast to fp32 before tl.dot' if self.dot_upcast else ''}",
+            f"{'; tiles cast to fp32 before tl.dot' if self.dot_upcast else ''}"
+            f"{'; bf16 rounded to nearest even by its bits' if self.exact_bf16 else ''}",
         ]
         lines += [f"  why: {r}" for r in self.reasons]
         return Explanation("\n".join(lines))
@@ -364,7 +368,9 @@ def _planned(
     if t.split_k > 1 and (shape.index64 or t.split_k * shape.m * shape.n > INT32_MAX):
         raise ValueError(f"SPLIT_K={t.split_k}: the fp32 partials pass 2**31 elements")
     even = (shape.m % t.block_m == 0, shape.n % t.block_n == 0, shape.k % t.block_k == 0)
-    return GemmPlan(shape, epilogue, t, *even, upcast, reasons)
+    # the interpreter truncates float32 -> bf16 (0.7 ulp errors a GPU does not make)
+    exact = shape.device == "cpu" and "bf16" in (shape.a_dtype, shape.dtype, shape.out_dtype)
+    return GemmPlan(shape, epilogue, t, *even, upcast, exact, reasons)
 
 
 def _heavy_epilogue(epilogue: Epilogue) -> bool:
