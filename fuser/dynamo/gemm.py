@@ -314,6 +314,12 @@ class GemmCall:
         return f"GemmCall({self.plan.name})"
 
 
+def template_sources(gm: fx.GraphModule) -> list[str]:
+    """ "source of <kernel>:" and the source, for each GEMM template a graph calls."""
+    plans = {n.target.plan: None for n in gm.graph.nodes if isinstance(n.target, GemmCall)}
+    return [f"source of {p.name}:\n{source_of(p)}" for p in plans]
+
+
 def template_warmups(gm: fx.GraphModule) -> list[TemplateWarmup]:
     """The GEMM template calls of a lowered graph as runtime/precompile.py warms them up
     before the first call (from each call's fake argument values)."""
