@@ -16,7 +16,7 @@ from collections import Counter
 
 import torch
 from fuzz_helpers import DEVICE
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from fuser.fuzz import runner
 from fuser.fuzz.case import InputSpec
@@ -25,21 +25,22 @@ from fuser.fuzz.gemm_check import check_gemm_case, judge, repro
 from fuser.fuzz.generator import CPU, GPU
 from fuser.fuzz.runner import Outcome, Stats, check_case, run_batch
 
-# about 20 s in the interpreter (0.1 to 0.5 s a case); a GPU compiles each new plan
+# about 20 s in the interpreter (0.1 to 0.7 s a case); a GPU compiles each new plan
 CI_EXAMPLES = 100 if DEVICE == "cpu" else 60
-# what the cases must reach between them: each piece of fused work, and matmuls the
-# template leaves to cuBLAS (nothing to fuse)
+# what the cases must reach between them: each piece of fused work
 FUSED = {"bias", "gelu", "gelu_tanh", "aux", "dgelu", "dgelu_tanh", "res", "rowsum", "colsum"}
-FUSED |= {"cast", "scale", "cublas"}
+FUSED |= {"cast", "scale", "mask"}
 
 
 def test_random_gemm_fusions() -> None:
     seen: Counter = Counter()
 
+    # a fixed seed, not derandomize: its first examples are the simplest ones, which
+    # leave forms and ops unreached at this budget; the seed gives the same cases each run
+    @seed(20261201)
     @settings(
         max_examples=CI_EXAMPLES,
         deadline=None,
-        derandomize=True,
         database=None,
         phases=(Phase.generate, Phase.shrink),
         suppress_health_check=list(HealthCheck),
@@ -123,6 +124,18 @@ def test_found_bf16_stores_round_to_nearest_even() -> None:
     )
     out = check_gemm_case(dw, DEVICE)
     assert out.status == "ok" and out.kinds == ["rowsum"], out
+
+
+def test_a_matmul_with_nothing_to_fuse_stays_with_cublas() -> None:
+    """x @ w then a relu (which the template does not take): cuBLAS, the graph as it was."""
+    plain = GemmCase(
+        names=("x", "w"),
+        inputs=(InputSpec((33, 17), "float32", "row_sliced"), InputSpec((17, 7), "float32")),
+        lines=("y0 = (x) @ w", "y1 = torch.relu(y0)"),
+        outputs=("y1",),
+    )
+    out = check_gemm_case(plain, DEVICE)
+    assert out.status == "ok" and out.kinds == ["cublas"] and out.fallbacks == 1, out
 
 
 def test_repro_runs_and_says_no_mismatch() -> None:

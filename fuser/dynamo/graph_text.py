@@ -4,7 +4,7 @@ use it)."""
 
 from __future__ import annotations
 
-from fuser.dynamo.gemm import template_sources
+from fuser.dynamo.gemm_call import template_sources
 from fuser.dynamo.lower import GraphRecord
 from fuser.dynamo.region import RegionRecord
 

@@ -13,8 +13,9 @@ inputs in random layouts: one matmul in one of the forms a training graph hands 
 
 with a prologue on A (a cast, a scale by a Python number, both) and a chain of up to
 four ops after it, drawn in any order: GELU (erf or tanh), the GELU backward with a
-pre-activation input, a residual add, a cast, and ops the template does not take (relu,
-a scale), any intermediate also returned. The matcher takes what it can and must leave
+pre-activation input, a residual add, a cast, a mask times a scale (dropout's backward:
+y * (mask.to(y.dtype) * 1.25) with a bool mask), and ops the template does not take
+(relu, a scale), any intermediate also returned. The matcher takes what it can and must leave
 the rest as it was. The function is traced with make_fx on the case's inputs (their
 strides kept), lowered with FUSER_GEMM=template, run, and compared with eager run on the
 same inputs and with the same function in float64 (every cast a no-op there): fuser may
@@ -35,7 +36,7 @@ from fuser.fuzz.generator import Profile, fuzz_cases
 
 FORMS = ("linear", "mm", "full_bias", "dx", "dw", "colsum")
 PROLOGUES = ("none", "cast", "scale", "cast_scale")
-CHAIN = ("gelu", "gelu_tanh", "dgelu", "dgelu_tanh", "residual", "cast", "relu", "scale")
+CHAIN = ("gelu", "gelu_tanh", "dgelu", "dgelu_tanh", "residual", "cast", "mask", "relu", "scale")
 FLOATS = ("float32", "bfloat16", "float16")
 # matmul extents: odd ones around the CPU interpreter's 32-wide tiles, and the GPU's
 # 64..256-wide tiles with K long enough for split-K
@@ -142,7 +143,7 @@ def _dims(draw: Any, profile_name: str) -> tuple[int, int, int]:
 
 def _prologue(d: _Draft, x: str, dtype: str) -> tuple[str, str]:
     """A's dtype as stored, and the expression the matmul reads."""
-    kind = d.draw(st.sampled_from(PROLOGUES))
+    kind = d.draw(st.sampled_from(PROLOGUES[:1] + PROLOGUES))  # none twice as often
     stored = d.other_float(dtype) if "cast" in kind else dtype
     expr = f"cast({x}, {dtype!r})" if "cast" in kind else x
     if "scale" in kind:
@@ -204,6 +205,9 @@ def _chain(d: _Draft, shape: tuple[int, ...], dtype: str, form: str) -> None:
         elif op == "cast":
             dtype = d.other_float(dtype)
             d.lines.append(f"{new} = cast({cur}, {dtype!r})")
+        elif op == "mask":  # a bool mask, a third of it False, as dropout saves it
+            m = d.input(f"m{i}", shape, "float32")
+            d.lines.append(f"{new} = {cur} * (cast({m} > 0.43, {dtype!r}) * 1.25)")
         elif op == "relu":
             d.lines.append(f"{new} = torch.relu({cur})")
         else:

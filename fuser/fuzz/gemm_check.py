@@ -24,7 +24,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fuser.config import config
-from fuser.dynamo.gemm import GemmCall, lower_gemm
+from fuser.dynamo.gemm import lower_gemm
+from fuser.dynamo.gemm_call import GemmCall
 from fuser.fuzz.gemm import GemmCase, function, make_inputs
 from fuser.schedulers.gemm import retile
 

@@ -341,6 +341,9 @@ def _epilogue(w: Writer, plan: GemmPlan, mask: str | None = None) -> None:
         w.line(_store(_tile_ptr(plan, "AUX", "s_xm", "s_xn"), aux, mask))
     if e.activation != "none":
         w.line(f"x = {e.activation}(x)")
+    if e.mask:
+        keep = _wide(plan, _load(_tile_ptr(plan, "MASK", "s_dm", "s_dn"), mask))
+        w.line(f"x = x * {keep} * mask_scale  # dropout, its saved mask")
     if e.gelu_grad != "none":
         w.line(f"pre = {_wide(plan, _load(_tile_ptr(plan, 'PRE', 's_pm', 's_pn'), mask))}")
         w.line(f"x = x * {e.gelu_grad}_grad(pre)  # the GELU backward")
