@@ -107,6 +107,25 @@ def test_matcher_takes_dropout_backward(monkeypatch):
     torch.testing.assert_close(gm(*args), f(*args), atol=2e-5, rtol=1e-5)
 
 
+def test_a_returned_copy_stays_a_copy(monkeypatch):
+    """The chain looks through a clone as through a view, except one the graph returns:
+    two outputs must not become one tensor."""
+    monkeypatch.setattr(config, "backend", "triton")
+
+    def f(x, w):
+        y = F.gelu(x @ w)
+        return y, y.clone()
+
+    args = (torch.randn(37, 29), torch.randn(29, 45))
+    gm = _traced(f, *args)
+    (note,) = lower_gemm(gm, "template")
+    assert "template gemm_gelu_fp32" in note and "clone" in gm.code
+    got = gm(*args)
+    assert got[0].untyped_storage().data_ptr() != got[1].untyped_storage().data_ptr()
+    for g, w in zip(got, f(*args), strict=True):
+        torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)
+
+
 class DropLinear(torch.nn.Module):
     """GELU -> dropout -> linear: the linear's dX in the backward is followed by dropout's
     backward and the GELU backward."""

@@ -78,6 +78,8 @@ def _row_aliases(n: fx.Node, cols: int) -> list[fx.Node]:
         out.append(u)
         for user in u.users:
             v = _val(user)
+            if _call(user, aten.clone.default) and any(u.op == "output" for u in user.users):
+                continue  # a returned copy stays a copy: the outputs must not alias
             if _call(user, *_SAME) and v is not None and v.dim() >= 1 and v.shape[-1] == cols:
                 stack.append(user)
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import traceback
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -129,7 +130,7 @@ def _eps(case: GemmCase) -> float:
     """The coarsest rounding in the case (its inputs' dtypes and its casts'): eager
     rounds to it after ops where fuser keeps fp32."""
     dtypes = {i.dtype for i in case.inputs}
-    dtypes |= set(re.findall(r"cast\(\w+, '(\w+)'\)", " ".join(case.lines)))
+    dtypes |= set(re.findall(r"cast\([^,]+, '(\w+)'\)", " ".join(case.lines)))
     return max(torch.finfo(getattr(torch, d)).eps for d in dtypes)
 
 
@@ -148,7 +149,7 @@ def judge(
     eager: list[torch.Tensor],
     ref: list[torch.Tensor],
     k: int,
-    moved: list[list[torch.Tensor]] = (),  # type: ignore[assignment]
+    moved: Sequence[Sequence[torch.Tensor]] = (),
 ) -> list[str]:
     """The problems with fuser's outputs (empty: as good as eager). `k`: the summed
     extent; `moved`: the float64 runs with every op's result perturbed (_Perturb)."""
@@ -168,7 +169,7 @@ def judge(
 
 
 def _compare(
-    g: torch.Tensor, e: torch.Tensor, r: torch.Tensor, k: int, moved: list[torch.Tensor]
+    g: torch.Tensor, e: torch.Tensor, r: torch.Tensor, k: int, moved: Sequence[torch.Tensor]
 ) -> str:
     g64, e64, r64 = g.detach().double(), e.detach().double(), r.detach().double().to(g.device)
     scale = _scale(r64)
