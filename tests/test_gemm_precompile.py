@@ -21,7 +21,7 @@ from triton.runtime.jit import MockTensor, create_function_from_signature
 
 from fuser.config import config
 from fuser.dynamo.backend import FuserBackend
-from fuser.dynamo.gemm import GemmCall, template_warmups
+from fuser.dynamo.gemm_call import GemmCall, template_warmups
 from fuser.runtime import gemm as gemm_runtime
 from fuser.runtime import precompile, timing
 from fuser.runtime.triton_backend import WARMED

@@ -22,7 +22,7 @@ from torch import fx
 
 from fuser.config import config, debug_print
 from fuser.dynamo.ce_rewrite import chunk_linear_cross_entropy, one_pass_cross_entropy
-from fuser.dynamo.gemm import template_warmups
+from fuser.dynamo.gemm_call import template_warmups
 from fuser.dynamo.graph_text import graph_text
 from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_graph
 from fuser.dynamo.program import cudagraphs

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import operator
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
@@ -32,16 +31,19 @@ from torch import fx
 
 from fuser.backends.registry import get_backend
 from fuser.config import config
+from fuser.dynamo.gemm_call import GemmCall
 from fuser.dynamo.pad_mm import _is_2d_transpose
-from fuser.runtime.gemm import gemm, shape_of, source_of, warm_up
+from fuser.runtime.gemm import shape_of
 from fuser.runtime.gemm_tune import decide
-from fuser.runtime.precompile import TemplateWarmup
 from fuser.schedulers.gemm import DTYPES, Epilogue, GemmPlan, GemmShape
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 META = "fuser_gemm"
 _VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+# a copy is the same values: the chain looks through it as through a view (a backward's
+# clone(contiguous) between a matmul and its dropout or GELU backward)
+_SAME = _VIEWS | {aten.clone.default}
 _CASTS = {aten._to_copy.default, prims.convert_element_type.default}
 
 
@@ -76,7 +78,9 @@ def _row_aliases(n: fx.Node, cols: int) -> list[fx.Node]:
         out.append(u)
         for user in u.users:
             v = _val(user)
-            if _call(user, *_VIEWS) and v is not None and v.dim() >= 1 and v.shape[-1] == cols:
+            if _call(user, aten.clone.default) and any(u.op == "output" for u in user.users):
+                continue  # a returned copy stays a copy: the outputs must not alias
+            if _call(user, *_SAME) and v is not None and v.dim() >= 1 and v.shape[-1] == cols:
                 stack.append(user)
     return out
 
@@ -98,7 +102,9 @@ class Match:
     bias: fx.Node | None = None
     residual: fx.Node | None = None
     pre: fx.Node | None = None
+    mask: fx.Node | None = None
     scale: float | None = None
+    mask_scale: float | None = None
     out_dtype: torch.dtype | None = None
     epilogue: Epilogue = Epilogue()
     outputs: dict[fx.Node, int] = field(default_factory=dict)  # replaced node -> result index
@@ -149,7 +155,7 @@ def _approximate(n: fx.Node, position: int) -> str:
 
 
 # the consumers the epilogue takes, in its order: a stage number each
-_STAGES = {"gelu": 1, "gelu_backward": 2, "residual": 3, "cast": 4}
+_STAGES = {"gelu": 1, "mask": 2, "gelu_backward": 3, "residual": 4, "cast": 5}
 
 
 def _step(aliases: list[fx.Node], stage: int) -> tuple[str, fx.Node] | None:
@@ -163,7 +169,9 @@ def _step(aliases: list[fx.Node], stage: int) -> tuple[str, fx.Node] | None:
             continue
         if u.target == aten.gelu.default and stage < 1 and u.args[0] in inside:
             return "gelu", u
-        if u.target == aten.gelu_backward.default and stage < 2 and u.args[0] in inside:
+        if u.target == aten.mul.Tensor and stage < 2 and _mask_operand(u, inside) is not None:
+            return "mask", u
+        if u.target == aten.gelu_backward.default and stage < 3 and u.args[0] in inside:
             p = u.args[1]
             vp = _val(p)
             if (
@@ -173,16 +181,46 @@ def _step(aliases: list[fx.Node], stage: int) -> tuple[str, fx.Node] | None:
                 and vp.shape == v.shape
             ):
                 return "gelu_backward", u
-        if u.target == aten.add.Tensor and stage < 3 and not u.kwargs and len(u.args) == 2:
+        if u.target == aten.add.Tensor and stage < 4 and not u.kwargs and len(u.args) == 2:
             x, y = u.args
             other = y if x in inside else x
             if (x in inside) != (y in inside) and isinstance(other, fx.Node):
                 ov = _val(other)
                 if ov is not None and ov.shape == v.shape and ov.dtype == v.dtype == v0.dtype:
                     return "residual", u
-        if u.target in _CASTS and stage < 4 and _cast_dtype(u) in DTYPES:
+        if u.target in _CASTS and stage < 5 and _cast_dtype(u) in DTYPES:
             return "cast", u
     return None
+
+
+def _mask_operand(u: fx.Node, inside: set) -> fx.Node | None:
+    """For mul(x, m) with x in `inside`: m, when it is an [M, N] tensor of x's shape that
+    keeps x's dtype (dropout's backward: x * (mask.to(x.dtype) * scale)); else None."""
+    if u.kwargs or len(u.args) != 2:
+        return None
+    x, m = u.args if u.args[0] in inside else u.args[::-1]
+    if x not in inside or m in inside or not isinstance(m, fx.Node):
+        return None
+    v, vm, vx = _val(u), _val(m), _val(x)
+    if v is None or vm is None or vx is None or tuple(vm.shape) != tuple(vx.shape):
+        return None
+    return m if v.dtype == vx.dtype else None
+
+
+def _peel_mask(m: fx.Node) -> tuple[fx.Node, float, list[fx.Node]]:
+    """The tensor the template reads for `m`, the scale and the nodes it takes over:
+    mul(cast(mask), s) -> (mask, s) when each is used once (the saved bool mask is read
+    as it is saved: a byte an element)."""
+    scale, taken = 1.0, []
+    if _call(m, aten.mul.Tensor, aten.mul.Scalar) and len(m.users) == 1 and not m.kwargs:
+        t, s = m.args
+        if isinstance(s, (int, float)) and not isinstance(s, bool) and isinstance(t, fx.Node):
+            scale, taken, m = float(s), [m], t
+    if _call(m, *_CASTS) and len(m.users) == 1 and _cast_dtype(m) is not None:
+        src = m.args[0]
+        if isinstance(src, fx.Node) and _val(src) is not None:
+            taken, m = [*taken, m], src
+    return m, scale, taken
 
 
 def _epilogue(found: Match, fields: dict, stage: int) -> None:
@@ -202,6 +240,10 @@ def _epilogue(found: Match, fields: dict, stage: int) -> None:
             if others:
                 fields["aux"] = True
                 found.outputs.update((a, 1) for a in aliases)
+        elif kind == "mask":
+            fields["mask"] = True
+            found.mask, found.mask_scale, peeled = _peel_mask(_mask_operand(node, set(aliases)))
+            found.taken += peeled
         elif kind == "gelu_backward":
             fields["gelu_grad"] = _approximate(node, 2)
             found.pre = node.args[1]
@@ -261,7 +303,7 @@ def match(mm: fx.Node) -> Match | None:
             fields["bias"], found.bias = True, bias
         elif tuple(vbias.shape) == (m, n):
             # a full [M, N] bias is a residual before anything else: only a cast may follow
-            fields["residual"], found.residual, stage = True, bias, 3
+            fields["residual"], found.residual, stage = True, bias, _STAGES["residual"]
         else:
             return None
     found.a = _prologue(a, found, fields)
@@ -273,66 +315,6 @@ def match(mm: fx.Node) -> Match | None:
 
 
 # ---- rewriting ----------------------------------------------------------------------
-
-
-class GemmCall:
-    """FX target replacing a matched chain: returns (C, [pre-activation], [sums])."""
-
-    __name__ = "fuser_gemm"
-
-    def __init__(
-        self, epilogue: Epilogue, plan: GemmPlan, mkn: tuple, scale: Any, out: Any, why: str
-    ):
-        self.epilogue, self.plan, self.mkn, self.scale, self.why = epilogue, plan, mkn, scale, why
-        self.out_dtype, self.sum_shape = out
-
-    def __call__(self, a: Any, b: Any, bias: Any, pre: Any, residual: Any) -> tuple:
-        m, n, k = self.mkn
-        a = a if a.dim() == 2 else a.reshape(m, k)
-        e = self.epilogue
-        shape = shape_of(a, b, e, self.out_dtype, bias, residual, pre)
-        plan = self.plan if self.plan.shape == shape else None
-        out, aux, sums = gemm(
-            a, b, e, bias=bias, residual=residual, pre=pre, scale=self.scale,
-            out_dtype=self.out_dtype, plan=plan,
-        )  # fmt: skip
-        results = [out] + ([aux] if e.aux else [])
-        if e.reduce != "none":
-            results.append(sums.reshape(self.sum_shape))
-        return tuple(results)
-
-    def warmup(self, a: Any, b: Any, bias: Any, pre: Any, residual: Any) -> GemmPlan:
-        """Compile the kernels a call with tensors like these (fake ones) launches."""
-        m, n, k = self.mkn
-        a = a if a.dim() == 2 else a.reshape(m, k)
-        return warm_up(
-            a, b, self.epilogue, bias=bias, residual=residual, pre=pre, scale=self.scale,
-            out_dtype=self.out_dtype, plan=self.plan,
-        )  # fmt: skip
-
-    def __repr__(self) -> str:
-        return f"GemmCall({self.plan.name})"
-
-
-def template_warmups(gm: fx.GraphModule) -> list[TemplateWarmup]:
-    """The GEMM template calls of a lowered graph as runtime/precompile.py warms them up
-    before the first call (from each call's fake argument values)."""
-    out = []
-    for node in gm.graph.nodes:
-        call = node.target
-        if node.op != "call_function" or not isinstance(call, GemmCall):
-            continue
-        vals = [_val(x) if isinstance(x, fx.Node) else x for x in node.args]
-        if any(isinstance(x, fx.Node) and v is None for x, v in zip(node.args, vals)):
-            continue  # no fake value to warm it up from: its first call compiles it
-        key = tuple(
-            (tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
-            for v in vals
-        )
-        out.append(
-            TemplateWarmup(call.plan.name, source_of(call.plan), partial(call.warmup, *vals), key)
-        )
-    return out
 
 
 def _insertion_point(gm: fx.GraphModule, found: Match, inputs: list) -> fx.Node | None:
@@ -391,7 +373,7 @@ def _layouts_ok(found: Match) -> bool:
 
 def _shape(found: Match) -> GemmShape:
     a2d = _val(found.mm.args[-2])
-    extra = [_val(x) for x in (found.a, found.bias, found.pre, found.residual)]
+    extra = [_val(x) for x in (found.a, found.bias, found.pre, found.residual, found.mask)]
     shape = shape_of(a2d, _val(found.b), found.epilogue, found.out_dtype, *extra)
     return dataclasses.replace(shape, a_dtype=DTYPES.get(_val(found.a).dtype, shape.a_dtype))
 
@@ -399,7 +381,7 @@ def _shape(found: Match) -> GemmShape:
 def _template(gm: fx.GraphModule, found: Match, plan: GemmPlan, why: str) -> str | None:
     """Put the template call in place of the match; None, or why it could not be."""
     e = found.epilogue
-    args = (found.a, found.b, found.bias, found.pre, found.residual)
+    args = (found.a, found.b, found.bias, found.pre, found.residual, found.mask)
     at = _insertion_point(gm, found, list(args))
     if at is None:
         return "an input of the fused work comes after a use of a value it replaces"
@@ -412,7 +394,8 @@ def _template(gm: fx.GraphModule, found: Match, plan: GemmPlan, why: str) -> str
     vals = [out_val.new_empty((m, n))]
     vals += [_val(found.mm).new_empty((m, n))] if e.aux else []
     vals += [_val(found.sum_node).new_empty(sums)] if sums is not None else []
-    target = GemmCall(e, plan, (m, n, k), found.scale, (found.out_dtype, sums), why)
+    scales = (found.scale, found.mask_scale)
+    target = GemmCall(e, plan, (m, n, k), scales, (found.out_dtype, sums), why)
     _replace(gm, found, at, target, args, vals, f"GEMM template {plan.name} ({found.mm.name})")
     return None
 

@@ -4,6 +4,7 @@ use it)."""
 
 from __future__ import annotations
 
+from fuser.dynamo.gemm_call import template_sources
 from fuser.dynamo.lower import GraphRecord
 from fuser.dynamo.region import RegionRecord
 
@@ -77,6 +78,8 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
     lines += [f"  {note}" for note in record.attention]
     lines += [f"  {note}" for note in record.scatters]
     lines += [f"  {note}" for note in record.gemm]
+    if source and record.module is not None:  # the GEMM template calls' kernels
+        lines += [_indent(src) for src in template_sources(record.module)]
     lines += [region_text(r, source, brief) for r in record.regions]
     lines.append(fallbacks_text(record))
     if record.cudagraphs:

@@ -1,8 +1,10 @@
 """`python -m fuser.fuzz --seconds 600 --seed 1 [--json out.json]`: fuzz fuser for a while.
 
-Runs hypothesis batches of random fusions against ATen until the time is up, on the GPU
-if there is one (else in Triton's CPU interpreter, with smaller sizes), in `--workers`
-processes that share one kernel cache folder. Each case runs on one of `--backends`
+Runs hypothesis batches of random fusions (and, one case in ten where Triton is among the
+backends, a matmul with pointwise work around it through the GEMM template: fuzz/gemm.py)
+against ATen until the time is up, on the GPU if there is one (else in Triton's CPU
+interpreter, with smaller sizes), in `--workers` processes that share one kernel cache
+folder. Each case runs on one of `--backends`
 (auto: Triton and CUDA C++ on a GPU where NVRTC is installed, Triton on the CPU; "cuda"
 on the CPU runs the g++ emulator, slowly). Prints the number of fusions, the seeds
 and every failure as a runnable repro; exits 1 on any mismatch or error (2 when only

@@ -61,10 +61,15 @@ class Profile:
     # the interpreter runs a kernel's programs one after the other: few rows on CPU
     max_rows: int = 1 << 16
     max_rank: int = 3
+    # percent of a run's cases that are GEMM + pointwise cases (fuzz/gemm.py) where the
+    # run's backends include Triton (the one with a GEMM template)
+    gemm_pct: int = 0
 
 
-CPU = Profile("cpu", 7, max_elems=4096, max_long_rows=2, mid_pct=15, long_pct=5, max_rows=200)
-GPU = Profile("gpu", 14, max_elems=1 << 22, max_long_rows=256, mid_pct=30, long_pct=20)
+CPU = Profile(
+    "cpu", 7, max_elems=4096, max_long_rows=2, mid_pct=15, long_pct=5, max_rows=200, gemm_pct=10
+)
+GPU = Profile("gpu", 14, max_elems=1 << 22, max_long_rows=256, mid_pct=30, long_pct=20, gemm_pct=10)
 
 
 # -- domains ----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Check fuzz cases, and run hypothesis batches of them against a time budget.
 
-A batch is one hypothesis run with one seed: it generates up to `examples` cases and,
+A batch is one hypothesis run with one seed: it generates up to `examples` cases (a
+profile's `gemm_pct` percent of them GEMM + pointwise cases, fuzz/gemm.py) and,
 on the first failure, shrinks it (for at most `shrink_seconds`) and stops. Every seed
 is recorded, so any batch can be replayed with `python -m fuser.fuzz --replay SEED`.
 """
@@ -20,7 +21,10 @@ from hypothesis import seed as hypothesis_seed
 
 from fuser.fuzz.case import FuzzCase, build, make_inputs, repro
 from fuser.fuzz.check import compare
-from fuser.fuzz.generator import CPU, GPU, Profile, fuzz_cases
+from fuser.fuzz.gemm import GemmCase, any_cases
+from fuser.fuzz.gemm_check import check_gemm_case
+from fuser.fuzz.gemm_check import repro as gemm_repro
+from fuser.fuzz.generator import CPU, GPU, Profile
 from fuser.fuzz.known import known_issue
 
 
@@ -85,8 +89,16 @@ def _oom(e: BaseException) -> Outcome:
     return Outcome("oom", [f"{type(e).__name__}: {str(e)[:200]}"])
 
 
-def check_case(case: FuzzCase, device: str = "cpu", runs: int = 1) -> Outcome:
-    """Build, run and compare one case."""
+def check_case(case: FuzzCase | GemmCase, device: str = "cpu", runs: int = 1) -> Outcome:
+    """Build, run and compare one case (a GEMM case through the GEMM template)."""
+    if isinstance(case, GemmCase):
+        try:
+            got = check_gemm_case(case, device, runs)
+        except Exception as e:
+            if out_of_memory(e):
+                return _oom(e)
+            raise
+        return Outcome(got.status, got.problems, [f"gemm {k}" for k in got.kinds], got.fallbacks)
     try:
         fd = build(case)
         inputs = make_inputs(case, device)
@@ -227,7 +239,7 @@ def run_batch(
         suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet,
         print_blob=False,
-    )(given(fuzz_cases(profile, backends))(check))
+    )(given(any_cases(profile, backends))(check))
     try:
         hypothesis_seed(batch_seed)(test)()
     except Exception as e:
@@ -252,8 +264,10 @@ def run_batch(
     return failure
 
 
-def _repro(case: FuzzCase, device: str) -> str:
+def _repro(case: FuzzCase | GemmCase, device: str) -> str:
     try:
+        if isinstance(case, GemmCase):
+            return gemm_repro(case, device)
         return repro(case, device=device)
     except Exception as e:  # printing must not hide the failure
         return f"# repro could not be printed ({type(e).__name__}: {e})\n# {case!r}\n"

@@ -102,24 +102,28 @@ def gemm(
     residual: torch.Tensor | None = None,
     pre: torch.Tensor | None = None,
     scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    mask_scale: float | None = None,
     out_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
     plan: GemmPlan | None = None,
 ) -> Result:
     """(C, the pre-activation or None, the sums or None) of A [M, K] @ B [K, N] with the
-    epilogue's fused work (see schedulers/gemm.Epilogue). bias: [N]; residual and pre:
-    [M, N] (or [..., N] views of M rows); scale: the prologue's factor. C is made [M, N]
+    epilogue's fused work (see schedulers/gemm.Epilogue). bias: [N]; residual, pre and
+    mask (dropout's saved mask, any dtype: bool as it saves it): [M, N] (or [..., N]
+    views of M rows); scale: the prologue's factor; mask_scale: 1 / (1 - p). C is made [M, N]
     contiguous in `out_dtype` (B's dtype by default) unless `out` is given (any strides);
     the pre-activation in B's dtype; the sums ([M] for "a_rows", [N] for "b_cols") in the
     summed operand's dtype. `plan` overrides the planner's tiles (the autotune)."""
     e = epilogue
-    extra = (bias, residual, pre, out)
+    extra = (bias, residual, pre, mask, out)
     shape = shape_of(a, b, e, out_dtype or (out.dtype if out is not None else None), *extra)
     _check(a, b, shape, e)
     plan = plan_for(shape, e) if plan is None else plan
     if plan.shape != shape or plan.epilogue != e:
         raise FuserError(f"GEMM template: plan {plan.name} is for {plan.shape.line()}")
     kw = {"bias": bias, "residual": residual, "pre": pre, "scale": scale, "out": out}
+    kw |= {"mask": mask, "mask_scale": mask_scale}
     tensors, values = _operands(plan, a, b, out_dtype or b.dtype, **kw)
     interpret = a.device.type != "cuda"
     module = load_module(source_of(plan), interpret=interpret)
@@ -140,6 +144,8 @@ def warm_up(
     residual: Any = None,
     pre: Any = None,
     scale: float | None = None,
+    mask: Any = None,
+    mask_scale: float | None = None,
     out_dtype: torch.dtype | None = None,
     plan: GemmPlan | None = None,
 ) -> GemmPlan:
@@ -147,12 +153,13 @@ def warm_up(
     fake or meta ones do (only their dtypes, sizes, strides and device are read); the
     arguments are made as `gemm` makes them, so Triton specializes them alike. The plan."""
     e = epilogue
-    shape = shape_of(a, b, e, out_dtype, bias, residual, pre)
+    shape = shape_of(a, b, e, out_dtype, bias, residual, pre, mask)
     _check(a, b, shape, e)
     plan = plan_for(shape, e) if plan is None or plan.shape != shape else plan
-    meta = [_meta(t) for t in (a, b, bias, residual, pre)]
-    kw = dict(zip(("bias", "residual", "pre"), meta[2:], strict=True))
-    tensors, values = _operands(plan, *meta[:2], out_dtype or b.dtype, scale=scale, **kw)
+    meta = [_meta(t) for t in (a, b, bias, residual, pre, mask)]
+    kw: dict[str, Any] = dict(zip(("bias", "residual", "pre", "mask"), meta[2:], strict=True))
+    kw |= {"scale": scale, "mask_scale": mask_scale}
+    tensors, values = _operands(plan, *meta[:2], out_dtype or b.dtype, **kw)
     module = load_module(source_of(plan), interpret=False)
     _launch(module, plan, tensors, values, warm=True)
     WARMED.add(source_of(plan))
@@ -176,6 +183,8 @@ def _operands(
     residual: torch.Tensor | None = None,
     pre: torch.Tensor | None = None,
     scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    mask_scale: float | None = None,
     out: torch.Tensor | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The kernels' tensors by argument name (outputs and split-K workspaces made on a's
@@ -190,6 +199,10 @@ def _operands(
         tensors["BIAS"] = bias.reshape(n)
     if e.aux:
         tensors["AUX"] = torch.empty((m, n), dtype=b.dtype, device=dev)
+    if e.mask:
+        if mask_scale is None:
+            raise FuserError("GEMM template: the epilogue applies a mask, and no mask_scale")
+        tensors["MASK"] = _as_tile(mask, m, n, "the mask")
     if e.gelu_grad != "none":
         tensors["PRE"] = _as_tile(pre, m, n, "the pre-activation")
     if e.residual:
@@ -207,6 +220,7 @@ def _operands(
     if e.a_scale and scale is None:
         raise FuserError("GEMM template: the prologue scales A, and no scale was given")
     values: dict[str, Any] = {"scale": float(scale or 1.0), "M": m, "N": n, "K": a.shape[1]}
+    values["mask_scale"] = float(mask_scale or 1.0)
     for name, t in tensors.items():
         values.update(zip(STRIDES.get(name, ()), t.stride()))
     return tensors, values
@@ -271,6 +285,8 @@ def aten_gemm(
     residual: torch.Tensor | None = None,
     pre: torch.Tensor | None = None,
     scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    mask_scale: float | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> Result:
     """The same results as `gemm` from ATen ops, as eager computes them: cuBLAS (addmm
@@ -287,6 +303,8 @@ def aten_gemm(
     aux = x if e.aux else None
     if e.activation != "none":
         x = _gelu(x, e.activation)
+    if e.mask:  # as native_dropout_backward decomposes: x * (mask.to(x) * scale)
+        x = x * (mask.reshape(m, n).to(x.dtype) * mask_scale)
     if e.gelu_grad != "none":
         p = pre.reshape(m, n)
         approx = "tanh" if e.gelu_grad == "gelu_tanh" else "none"

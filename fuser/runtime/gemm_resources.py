@@ -73,8 +73,10 @@ def _compile_fn(plan: GemmPlan, fn: Any, arch: int, main: bool) -> dict[str, int
             sig[a] = "constexpr"
         elif a in unit:
             sig[a], consts[a] = "constexpr", 1
-        elif a == "scale":
+        elif a in ("scale", "mask_scale"):
             sig[a] = "fp32"
+        elif a == "MASK":  # dropout's saved mask, bool as it saves it
+            sig[a] = "*i1"
         elif a in ("PART", "PSUMS"):  # split-K's fp32 partials
             sig[a] = "*fp32"
         elif a in tensors:

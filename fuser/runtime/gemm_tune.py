@@ -71,6 +71,9 @@ def _inputs(shape: GemmShape, e: Epilogue) -> tuple[torch.Tensor, torch.Tensor, 
         kw["pre"] = torch.randn(s.m, s.n, device="cuda", dtype=dt)
     if e.a_scale:
         kw["scale"] = 0.5
+    if e.mask:
+        kw["mask"] = torch.rand(s.m, s.n, device="cuda") > 0.1
+        kw["mask_scale"] = 1 / 0.9
     return a, b, kw
 
 

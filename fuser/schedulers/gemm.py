@@ -47,10 +47,12 @@ class Epilogue:
 
     prologue (on each A tile, before tl.dot): cast to `a_cast`, then times a run-time scale;
     epilogue (on the fp32 tile): + bias[n]; store the pre-activation (`aux`, what a
-    backward reads); activation; * gelu'(pre[m, n]) (`gelu_grad`: dX of a GELU); +
-    residual[m, n]; cast to the output dtype and store. `reduce` sums an operand over K as
-    it streams through (the bias gradient): "a_rows" gives sum_k A[m, k] per row of C,
-    "b_cols" sum_k B[k, n] per column; one program owns each sum, so it is deterministic.
+    backward reads); activation; * mask[m, n] * a run-time scale (`mask`: dropout with a
+    saved mask, as a backward applies it to a matmul's result); * gelu'(pre[m, n])
+    (`gelu_grad`: dX of a GELU); + residual[m, n]; cast to the output dtype and store.
+    `reduce` sums an operand over K as it streams through (the bias gradient): "a_rows"
+    gives sum_k A[m, k] per row of C, "b_cols" sum_k B[k, n] per column; one program owns
+    each sum, so it is deterministic.
     """
 
     a_cast: str = ""  # dtype name ("bf16"...) A's tiles are cast to; "" none
@@ -61,6 +63,7 @@ class Epilogue:
     gelu_grad: str = "none"  # "gelu" / "gelu_tanh": multiply by that GELU's derivative
     residual: bool = False
     reduce: str = "none"
+    mask: bool = False  # * mask[m, n] * mask_scale (dropout with its saved mask)
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS or self.gelu_grad not in ACTIVATIONS:
@@ -89,6 +92,8 @@ class Epilogue:
             out.append("store pre-activation")
         if self.activation != "none":
             out.append(self.activation.replace("gelu_tanh", "gelu(tanh)"))
+        if self.mask:
+            out.append("* mask[m, n] * mask_scale (dropout)")
         if self.gelu_grad != "none":
             out.append(f"* {self.gelu_grad.replace('gelu_tanh', 'gelu(tanh)')}'(pre)")
         if self.residual:
@@ -106,6 +111,7 @@ class Epilogue:
             "bias" if self.bias else "",
             self.activation if self.activation != "none" else "",
             "aux" if self.aux else "",
+            "mask" if self.mask else "",
             f"d{self.gelu_grad}" if self.gelu_grad != "none" else "",
             "res" if self.residual else "",
             {"a_rows": "rowsum", "b_cols": "colsum"}.get(self.reduce, ""),
@@ -188,6 +194,7 @@ STRIDES = {
     "C": ("s_cm", "s_cn"),
     "BIAS": ("s_bias",),
     "AUX": ("s_xm", "s_xn"),
+    "MASK": ("s_dm", "s_dn"),
     "PRE": ("s_pm", "s_pn"),
     "RES": ("s_rm", "s_rn"),
     "SUMS": ("s_sum",),
@@ -205,6 +212,9 @@ class GemmPlan:
     even_n: bool
     even_k: bool
     dot_upcast: bool  # tiles cast to fp32 before tl.dot (bf16 in Triton's CPU interpreter)
+    # bf16 converted through its bits (helpers _cvt/_f32): Triton 3.6's interpreter
+    # truncates float32 -> bf16 where a GPU and torch round to nearest even
+    exact_bf16: bool = False
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -235,6 +245,7 @@ class GemmPlan:
         names = ["C"]
         names += ["BIAS"] if e.bias else []
         names += ["AUX"] if e.aux else []
+        names += ["MASK"] if e.mask else []
         names += ["PRE"] if e.gelu_grad != "none" else []
         names += ["RES"] if e.residual else []
         names += ["SUMS"] if e.reduce != "none" else []
@@ -249,11 +260,15 @@ class GemmPlan:
         names = ["A", "B"]
         names += self._workspaces() if self.split else self._epilogue_tensors()
         names += ["scale"] if self.epilogue.a_scale else []
+        names += ["mask_scale"] if self.epilogue.mask and not self.split else []
         return names
 
     def finalize_arguments(self) -> list[str]:
-        """The finalize kernel's tensor arguments (none without a split)."""
-        return [*self._workspaces(), *self._epilogue_tensors()] if self.split else []
+        """The finalize kernel's tensor and scalar arguments (none without a split)."""
+        if not self.split:
+            return []
+        mask_scale = ["mask_scale"] if self.epilogue.mask else []
+        return [*self._workspaces(), *self._epilogue_tensors(), *mask_scale]
 
     def signature(self, finalize: bool = False) -> list[str]:
         """Every argument of the main (or the finalize) kernel in order: tensors, the
@@ -287,7 +302,8 @@ class GemmPlan:
             f"  fused: {', '.join(self.epilogue.ops()) or 'nothing'}",
             f"  tiles: {self.tiles.line()}; {self._programs()}",
             f"  masks: {', '.join(masks) + ' bounds' if masks else 'none (exact tiles)'}"
-            f"{'; tiles cast to fp32 before tl.dot' if self.dot_upcast else ''}",
+            f"{'; tiles cast to fp32 before tl.dot' if self.dot_upcast else ''}"
+            f"{'; bf16 rounded to nearest even by its bits' if self.exact_bf16 else ''}",
         ]
         lines += [f"  why: {r}" for r in self.reasons]
         return Explanation("\n".join(lines))
@@ -364,7 +380,9 @@ def _planned(
     if t.split_k > 1 and (shape.index64 or t.split_k * shape.m * shape.n > INT32_MAX):
         raise ValueError(f"SPLIT_K={t.split_k}: the fp32 partials pass 2**31 elements")
     even = (shape.m % t.block_m == 0, shape.n % t.block_n == 0, shape.k % t.block_k == 0)
-    return GemmPlan(shape, epilogue, t, *even, upcast, reasons)
+    # the interpreter truncates float32 -> bf16 (0.7 ulp errors a GPU does not make)
+    exact = shape.device == "cpu" and "bf16" in (shape.a_dtype, shape.dtype, shape.out_dtype)
+    return GemmPlan(shape, epilogue, t, *even, upcast, exact, reasons)
 
 
 def _heavy_epilogue(epilogue: Epilogue) -> bool:

@@ -77,6 +77,7 @@ def estimate(
     core = m * k * ab + k * n * db + (n * ob if epilogue.bias else 0)
     extra = mn * ob * (int(epilogue.aux) + int(epilogue.residual))
     extra += mn * ob * int(epilogue.gelu_grad != "none")
+    extra += mn * int(epilogue.mask)  # dropout's saved mask: a byte an element (bool)
     sums = {"a_rows": m, "b_cols": n}.get(epilogue.reduce, 0) * ob
     t_bytes = core + mn * ob + extra + sums
     eff = TEMPLATE_EFFICIENCY * _tile_efficiency(plan, device.sms)
@@ -92,7 +93,7 @@ def estimate(
     a_core = m * k * db + k * n * db + (n * db if epilogue.bias else 0) + mn * db
     if epilogue.a_cast or epilogue.a_scale:
         kernels, side = kernels + 1, side + m * k * (ab + db)
-    pointwise = epilogue.activation != "none" or epilogue.gelu_grad != "none"
+    pointwise = epilogue.activation != "none" or epilogue.gelu_grad != "none" or epilogue.mask
     if pointwise or epilogue.residual or shape.out_dtype != shape.dtype:
         kernels += 1
         side += mn * db + mn * ob + extra - (mn * ob if epilogue.aux else 0)

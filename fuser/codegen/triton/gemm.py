@@ -67,6 +67,40 @@ def gelu_tanh_grad(x):
 }
 
 
+# Triton 3.6's interpreter truncates float32 -> bf16 and flushes bf16 subnormals when it
+# widens them; a GPU rounds to nearest even. Interpreted plans (GemmPlan.exact_bf16)
+# convert through these, which take the bits' way for bf16 and .to() otherwise.
+_EXACT = """
+@triton.jit
+def _f32(x):
+    # x widened to float32; bf16 by its bits (exact, subnormals kept)
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _cvt(x, dtype: tl.constexpr):
+    # x as `dtype`; bf16 rounded to nearest even by its bits, NaN kept quiet
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        top = tl.where(x != x, (bits >> 16) | 0x40, rounded)
+        return top.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype)
+"""
+
+
+def _wide(plan: GemmPlan, x: str) -> str:
+    """`x` widened to float32."""
+    return f"_f32({x})" if plan.exact_bf16 else f"{x}.to(tl.float32)"
+
+
+def _cast(plan: GemmPlan, x: str, dtype: str) -> str:
+    """`x` converted to `dtype` (a tl dtype expression)."""
+    return f"_cvt({x}, {dtype})" if plan.exact_bf16 else f"{x}.to({dtype})"
+
+
 def _helpers(plan: GemmPlan) -> list[str]:
     e = plan.epilogue
     wanted = []
@@ -76,7 +110,7 @@ def _helpers(plan: GemmPlan) -> list[str]:
         wanted.append("d" + e.gelu_grad)
     if any(w.endswith("gelu_tanh") for w in wanted):
         wanted.insert(0, "tanh")
-    return [_HELPERS[w] for w in wanted]
+    return ([_EXACT] if plan.exact_bf16 else []) + [_HELPERS[w] for w in wanted]
 
 
 def header(plan: GemmPlan) -> str:
@@ -198,21 +232,24 @@ def _main_loop(w: Writer, plan: GemmPlan) -> None:
         if e.reduce == "a_rows":
             w.comment("only the first program of a row block sums (it stores the sums)")
             with w.block("if pid_n == 0:"):
-                w.line("a_sum += tl.sum(a.to(tl.float32), 1)")
+                w.line(f"a_sum += tl.sum({_wide(plan, 'a')}, 1)")
         elif e.reduce == "b_cols":
             w.comment("only the first program of a column block sums (it stores the sums)")
             with w.block("if pid_m == 0:"):
-                w.line("b_sum += tl.sum(b.to(tl.float32), 0)")
+                w.line(f"b_sum += tl.sum({_wide(plan, 'b')}, 0)")
         dot = _TL[s.dtype]
         if e.a_cast and e.a_scale:
-            w.line(f"a = (a.to({dot}).to(tl.float32) * scale).to({dot})  # prologue: cast, scale")
+            scaled = f"({_wide(plan, _cast(plan, 'a', dot))} * scale)"
+            w.line(f"a = {_cast(plan, scaled, dot)}  # prologue: cast, scale")
         elif e.a_cast:
-            w.line(f"a = a.to({dot})  # prologue: cast")
+            w.line(f"a = {_cast(plan, 'a', dot)}  # prologue: cast")
         elif e.a_scale:
-            w.line(f"a = (a.to(tl.float32) * scale).to({dot})  # prologue: scale")
+            scaled = f"({_wide(plan, 'a')} * scale)"
+            w.line(f"a = {_cast(plan, scaled, dot)}  # prologue: scale")
         if plan.dot_upcast:
             w.comment("Triton 3.6's interpreter computes bf16 dots wrongly: exact in fp32")
-            w.line('acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")')
+            ab = f"{_wide(plan, 'a')}, {_wide(plan, 'b')}"
+            w.line(f'acc = tl.dot({ab}, acc, input_precision="ieee")')
         elif s.dtype == "fp32":
             w.line('acc = tl.dot(a, b, acc, input_precision="ieee")  # fp32 as ATen: no tf32')
         else:
@@ -297,18 +334,24 @@ def _epilogue(w: Writer, plan: GemmPlan, mask: str | None = None) -> None:
     w.line("x = acc")
     if e.bias:
         bias = _load(f"BIAS + {_idx(plan, 'cols')} * s_bias", "" if plan.even_n else "cols < N")
-        w.line(f"x += {bias}.to(tl.float32)[None, :]")
+        w.line(f"x += {_wide(plan, bias)}[None, :]")
     if e.aux:
         w.comment("the pre-activation, for the backward")
-        w.line(_store(_tile_ptr(plan, "AUX", "s_xm", "s_xn"), "x.to(AUX.dtype.element_ty)", mask))
+        aux = _cast(plan, "x", "AUX.dtype.element_ty")
+        w.line(_store(_tile_ptr(plan, "AUX", "s_xm", "s_xn"), aux, mask))
     if e.activation != "none":
         w.line(f"x = {e.activation}(x)")
+    if e.mask:
+        keep = _wide(plan, _load(_tile_ptr(plan, "MASK", "s_dm", "s_dn"), mask))
+        w.line(f"x = x * {keep} * mask_scale  # dropout, its saved mask")
     if e.gelu_grad != "none":
-        w.line(f"pre = {_load(_tile_ptr(plan, 'PRE', 's_pm', 's_pn'), mask)}.to(tl.float32)")
+        w.line(f"pre = {_wide(plan, _load(_tile_ptr(plan, 'PRE', 's_pm', 's_pn'), mask))}")
         w.line(f"x = x * {e.gelu_grad}_grad(pre)  # the GELU backward")
     if e.residual:
-        w.line(f"x += {_load(_tile_ptr(plan, 'RES', 's_rm', 's_rn'), mask)}.to(tl.float32)")
-    w.line(_store(_tile_ptr(plan, "C", "s_cm", "s_cn"), "x.to(C.dtype.element_ty)", mask))
+        w.line(f"x += {_wide(plan, _load(_tile_ptr(plan, 'RES', 's_rm', 's_rn'), mask))}")
+    w.line(
+        _store(_tile_ptr(plan, "C", "s_cm", "s_cn"), _cast(plan, "x", "C.dtype.element_ty"), mask)
+    )
     if e.reduce == "a_rows":
         w.comment("one program of each row block stores its rows' sums: a fixed order")
         with w.block("if pid_n == 0:"):
@@ -316,7 +359,7 @@ def _epilogue(w: Writer, plan: GemmPlan, mask: str | None = None) -> None:
             w.line(
                 _store(
                     f"SUMS + {_idx(plan, 'rows')} * s_sum",
-                    "a_sum.to(SUMS.dtype.element_ty)",
+                    _cast(plan, "a_sum", "SUMS.dtype.element_ty"),
                     row_mask,
                 )
             )
@@ -327,7 +370,7 @@ def _epilogue(w: Writer, plan: GemmPlan, mask: str | None = None) -> None:
             w.line(
                 _store(
                     f"SUMS + {_idx(plan, 'cols')} * s_sum",
-                    "b_sum.to(SUMS.dtype.element_ty)",
+                    _cast(plan, "b_sum", "SUMS.dtype.element_ty"),
                     col_mask,
                 )
             )
