@@ -105,10 +105,24 @@ def _gpt2(m: int, n: int, k: int) -> GemmShape:
 DW = Epilogue(reduce="a_rows")
 
 
-def test_planner_splits_the_short_dw_grids():
-    """dW of the MLP (3072x768 and 768x3072, K = B*T = 16384) and of the attention
-    projection (768x768) split K; dW of QKV (2304x768: 108 tiles of 128x128, one wave)
-    and the forward GEMMs (thousands of tiles) do not."""
+def test_gpu_plans_with_a_sum_keep_small_tiles_and_never_split():
+    """What the H100 showed (2026-11-27): the dW template with the bias-gradient sum was
+    wrong at 128x256 tiles, split or not. Until a GPU run shows it fixed, GPU plans with a
+    sum keep to 128x128 tiles and split-K stays off, and explain says so."""
+    for m, n in ((3072, 768), (768, 3072), (768, 768), (2304, 768)):
+        plan = plan_gemm(_gpt2(m, n, 16384), DW, H100.sms, H100)
+        assert not plan.split and plan.tiles.block_m * plan.tiles.block_n <= 128 * 128
+        text = str(plan.explain())
+        assert "128x256 was wrong" in text and "split-K off" in text
+
+
+def test_planner_splits_the_short_dw_grids(monkeypatch: pytest.MonkeyPatch):
+    """With split-K switched on: dW of the MLP (3072x768 and 768x3072, K = B*T = 16384)
+    and of the attention projection (768x768) split K; dW of QKV (2304x768: 108 tiles of
+    128x128, one wave) and the forward GEMMs (thousands of tiles) do not."""
+    import fuser.schedulers.gemm as gemm_schedule
+
+    monkeypatch.setattr(gemm_schedule, "SPLIT_K_ON_GPU", True)
     for m, n in ((3072, 768), (768, 3072), (768, 768)):
         plan = plan_gemm(_gpt2(m, n, 16384), DW, H100.sms, H100)
         assert plan.split, plan.explain()
@@ -138,9 +152,12 @@ def test_split_k_limits():
 
 
 @pytest.mark.slow
-def test_split_k_kernels_compile_for_sm90_without_spills():
+def test_split_k_kernels_compile_for_sm90_without_spills(monkeypatch: pytest.MonkeyPatch):
     """ptxas (sm_90, no GPU) on the planned split dW kernels, main and finalize, and on
     a split kernel with the heaviest epilogue (bias + GELU + pre-activation + sums)."""
+    import fuser.schedulers.gemm as gemm_schedule
+
+    monkeypatch.setattr(gemm_schedule, "SPLIT_K_ON_GPU", True)
     plans = [plan_gemm(_gpt2(m, n, 16384), DW, H100.sms, H100) for m, n in ((3072, 768),)]
     heavy = Epilogue(bias=True, activation="gelu_tanh", aux=True, reduce="b_cols")
     plans.append(

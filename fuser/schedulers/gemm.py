@@ -399,6 +399,12 @@ def _heavy_epilogue(epilogue: Epilogue) -> bool:
 # partial's store cost as much as the loop; dW at GPT-2 shapes has 256 steps of 64)
 SPLITS = (1, 2, 3, 4, 6, 8)
 MIN_K_STEPS = 8
+# Measured on an H100 (benchmarks/results/h100-2026-11-27-kernels/gemm): the dW template
+# with the bias-gradient sum gave wrong results (max error 0.65-0.78 against 3e-3) with
+# 128x256 tiles, split or not, while the CPU interpreter and the fuzzer found them right.
+# Until a GPU run shows the cause fixed, GPU plans with a sum keep to 128x128 tiles and
+# never split K (the split plans were 128x256; split-K is unverified on a GPU).
+SPLIT_K_ON_GPU = False
 
 
 def _splits(shape: GemmShape, t: GemmTiles) -> list[int]:
@@ -439,12 +445,14 @@ def _gpu_tiles(
         )
         if _heavy_epilogue(epilogue) and t.block_m * t.block_n > 128 * 128:
             continue  # spills (see _heavy_epilogue)
+        if epilogue.reduce != "none" and t.block_m * t.block_n > 128 * 128:
+            continue  # wrong on an H100 (see SUM_ON_GPU)
         itemsize = BYTES[shape.dtype]
         while t.num_stages > 2 and t.smem(itemsize) > SMEM_BUDGET:
             t = replace(t, num_stages=t.num_stages - 1)
         n_tiles = -(-shape.m // t.block_m) * -(-shape.n // t.block_n)
         steps = -(-shape.k // t.block_k)
-        for split in _splits(shape, t) if allow_split else [1]:
+        for split in _splits(shape, t) if allow_split and SPLIT_K_ON_GPU else [1]:
             programs = n_tiles * split
             waves = -(-programs // sms)
             k = -(-steps // split) * t.block_k
@@ -472,5 +480,9 @@ def _gpu_tiles(
         )
     if _heavy_epilogue(epilogue):
         reasons.append("a GELU in the epilogue: tiles of at most 128x128 (128x256 spills)")
+    if epilogue.reduce != "none":
+        reasons.append("a sum in the epilogue: tiles up to 128x128 (128x256 was wrong on an H100)")
+    if allow_split and not SPLIT_K_ON_GPU:
+        reasons.append("split-K off on a GPU: unverified there (SPLIT_K_ON_GPU)")
     reasons.append(f"GROUP_M={best.group_m}: row blocks walk columns in groups (B tiles in L2)")
     return best
