@@ -23,9 +23,10 @@ from fuser.fuzz.known import known_issue
 from fuser.fuzz.runner import check_case
 from fuser.runtime import cuda_backend
 
-# about 70 s on one core of the interpreter (median case: 5 ops over 512 elements; 7% of
-# rows 1000 to 50257 long); on a GPU every case compiles its kernels: fewer
-CI_EXAMPLES = 1200 if DEVICE == "cpu" else 100
+# the interpreter on one core: 1200 cases took 224 s (2026-11-27), so 800 keep CI near its
+# budget (median case: 5 ops over 512 elements; 7% of rows 1000 to 50257 long); on a GPU
+# every case compiles its kernels: fewer
+CI_EXAMPLES = 800 if DEVICE == "cpu" else 100
 # the CUDA C++ backend: ~1 case a second in the g++ emulator
 CUDA_CI_EXAMPLES = 100
 
@@ -70,5 +71,5 @@ def test_random_fusions(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     one()
     kinds = {"pointwise", "inner_persistent", "inner_looped", "outer_reduction"}
     assert kinds <= set(seen), f"schedule kinds reached: {dict(seen)}"
-    if examples > 1000:  # the CPU's 1200 cases; 100 may all fit one kernel
+    if examples >= 800:  # the CPU's 800 cases; 100 may all fit one kernel
         assert any(fallbacks), "no fusion needed an ATen segment: the generator lost odd dims"
