@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from fuser.config import config
 from fuser.runtime.attention import attention_backward, attention_forward
 from fuser.runtime.cache import digest, load_entry, store_entry
+from fuser.runtime.timing import median_ms
 from fuser.schedulers.attention import AttentionChoice, AttentionShape, choose, unsupported
 
 _TORCH_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -80,18 +81,4 @@ def _time(shape: AttentionShape, reps: int = 10) -> dict:
         )
         o.backward(do)
 
-    return {"template_ms": _median_ms(template, reps), "sdpa_ms": _median_ms(sdpa, reps)}
-
-
-def _median_ms(fn: Any, reps: int) -> float:
-    fn()  # compile / warm up
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return {"template_ms": median_ms(template, reps), "sdpa_ms": median_ms(sdpa, reps)}

@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from fuser.config import config
 from fuser.runtime.cache import digest, load_entry, store_entry
 from fuser.runtime.gemm import aten_gemm, gemm, plan_for
+from fuser.runtime.timing import median_ms
 from fuser.schedulers import device as devices
 from fuser.schedulers.gemm import GPU_TILES, TORCH_DTYPES, Epilogue, GemmShape, retile, unsupported
 from fuser.schedulers.gemm_choice import GemmChoice, choose
@@ -94,10 +95,10 @@ def _time(shape: GemmShape, e: Epilogue, reps: int = 10) -> dict:
             if not agrees(gemm(a, b, e, plan=p, **kw), want):
                 wrong.append(list(dataclasses.astuple(p.tiles)))
                 continue  # never chosen: a wrong result is worse than a slow one
-            timed.append((_median_ms(lambda p=p: gemm(a, b, e, plan=p, **kw), reps), p))
+            timed.append((median_ms(lambda p=p: gemm(a, b, e, plan=p, **kw), reps), p))
         except Exception:  # a candidate that fails to compile (shared memory) is skipped
             continue
-    aten_ms = _median_ms(lambda: aten_gemm(a, b, e, **kw), reps)
+    aten_ms = median_ms(lambda: aten_gemm(a, b, e, **kw), reps)
     if not timed:
         return {"template_ms": float("inf"), "aten_ms": aten_ms, "tiles": None, "wrong": wrong}
     ms, best = min(timed, key=lambda x: x[0])
@@ -121,17 +122,3 @@ def agrees(got: Any, want: Any) -> bool:
         if ref.numel() and (g.float() - ref).abs().max().item() > 0.02 * scale + 1e-3:
             return False
     return True
-
-
-def _median_ms(fn: Any, reps: int) -> float:
-    fn()  # compile / warm up
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]

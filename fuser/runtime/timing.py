@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -144,3 +144,21 @@ def phase(name: str) -> Iterator[None]:
         yield
     finally:
         add(name, time.perf_counter() - t0)
+
+
+def median_ms(fn: Callable[[], object], reps: int) -> float:
+    """Median GPU time of `fn` in ms by CUDA events over `reps` calls, after one call that
+    compiles and warms it (the first-use autotunes of the attention and GEMM templates)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
