@@ -369,3 +369,41 @@ def test_comparison_of_a_cancelled_gelu() -> None:
     seeds = (1386366, 1386367, 1386368)
     inputs = [make_input(s, i, 3.0, "nan_inf", device=DEVICE) for s, i in zip(specs, seeds)]
     assert_agrees(fd, inputs)
+
+
+# -- GPU soak of 2026-11-27 (seed 23, 2384 fusions): 4 mismatches and 1 error -------------
+@pytest.mark.parametrize("rows, cols", [(100, 511), (256, 77)])
+def test_split_column_sum_with_a_masked_column_tile(backend: str, rows: int, cols: int) -> None:
+    """A split-M column sum whose finalize tile reaches past the last column: Triton's
+    `part_ok = (p + parts) < split & col_ok` parsed as `(p + parts) < (split & col_ok)`
+    (in Python `&` binds tighter than `<`), so only the first partial row was added
+    (batch seeds 23200000, 23600000, 23800002, 24000004). 100 x 511 is the soak's shape;
+    both pick the split plan with a multi-row finalize step on the h100 preset."""
+    x = randn(rows, cols, seed=3) * 0.1
+    fd = define(lambda fd: fd.add_output(fd.ops.sum(fd.define_tensor([-1, -1]), dims=[0])))
+    (got,) = fd.execute([x])
+    assert "split" in str(fd.explain())
+    torch.testing.assert_close(got, x.sum(0), atol=1e-5 * rows**0.5, rtol=1e-5)
+
+
+def test_column_epilogue_reads_a_broadcast_parameter(backend: str) -> None:
+    """An inner-outer kernel whose column epilogue subtracts a broadcast 1-D input: the
+    broadcast was computed in the row kernel only and the finalize named a value it never
+    defined (NameError t14 on Triton; batch seed 24100001). The finalize now recomputes
+    what its epilogue reads from the parameters."""
+
+    def build(fd: FusionDefinition) -> None:
+        o = fd.ops
+        x = fd.define_tensor([-1, -1], BF16)
+        b = fd.define_tensor([-1], BF16)
+        rmax = o.broadcast_in_dim(o.max(x, dims=[1], keepdim=True), shape=x.shape,
+                                  broadcast_dims=[0, 1])  # fmt: skip
+        centred = o.sub(x, rmax)
+        colmax = o.max(o.mul(centred, rmax), dims=[0])
+        bb = o.broadcast_in_dim(b, shape=[x.shape[1]], broadcast_dims=[0])
+        fd.add_output(centred)
+        fd.add_output(o.sub(colmax, bb))
+
+    fd = define(build)
+    assert_agrees(fd, [randn(6, 65, dtype=BF16, seed=7), randn(65, dtype=BF16, seed=8)])
+    assert "inner_outer" in str(fd.explain())

@@ -163,21 +163,54 @@ def plan_inner_persistent(spec: KernelSpec, s: Schedule) -> KernelPlan:
 
 def column_results(spec: KernelSpec) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
     """(the column reductions, the epilogue: the nodes after them, in order) of an
-    inner_outer kernel."""
+    inner_outer kernel. The epilogue also holds what it reads that the row kernel computes
+    from the parameters (a broadcast column input, a scalar expression): the finalize
+    recomputes those, since it sees none of the row kernel's values (the segmenter keeps
+    every such value free of row data)."""
     cols = tuple(n for n in spec.reductions if spec.kind(n.out) == Kind.COL)
     after = {n.out.id for n in cols}
-    epilogue = []
+    tail = []
     for n in spec.nodes:
         if n.op not in REDUCE and any(v.id in after for v in n.inputs):
             after.update(v.id for v in n.outputs)
-            epilogue.append(n)
-    return cols, tuple(epilogue)
+            tail.append(n)
+    made_by = {v.id: n for n in spec.nodes for v in n.outputs}
+    needed: set[int] = set()
+    stack = [v.id for n in tail for v in n.inputs if v.id not in after]
+    while stack:
+        producer = made_by.get(stack.pop())
+        if producer is None or id(producer) in needed:
+            continue
+        if producer.op in REDUCE or spec.kind(producer.out) in (Kind.FULL, Kind.ROW):
+            raise ScheduleError(
+                f"the column epilogue reads {producer.out.name}, computed from row data: "
+                "the finalize cannot recompute it (the segmenter should have split here)"
+            )
+        needed.add(id(producer))
+        stack.extend(v.id for v in producer.inputs)
+    epilogue = tuple(n for n in spec.nodes if id(n) in needed or n in tail)
+    return cols, epilogue
+
+
+def _row_kernel_skips(spec: KernelSpec, columns: tuple[Node, ...], epilogue: tuple[Node, ...]):
+    """Values the row kernel does not compute: the column reductions, what follows them,
+    and the epilogue's recomputed producers that no row-kernel node reads."""
+    skip = {v.id for n in (*columns, *epilogue) for v in n.outputs}
+    tail_ids = {id(n) for n in (*columns, *epilogue)}
+    used = {v.id for n in spec.nodes if id(n) not in tail_ids for v in n.inputs}
+    after = {n.out.id for n in columns}
+    for n in epilogue:
+        if not any(v.id in after for v in n.inputs) and any(v.id in used for v in n.outputs):
+            skip -= {v.id for v in n.outputs}  # a row op reads it too: computed there as well
+        if any(v.id in after for v in n.inputs):
+            after.update(v.id for v in n.outputs)
+    return frozenset(skip)
 
 
 def plan_inner_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
     tv = tail_vector(s)
     columns, epilogue = column_results(spec)
-    skip = frozenset(v.id for n in (*columns, *epilogue) for v in n.outputs)
+    skip = _row_kernel_skips(spec, columns, epilogue)
     passes, kept = row_passes(spec, skip)
     col_ids = {id(n) for n in columns}
     passes = tuple(

@@ -485,7 +485,11 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                     f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
                 )
             with w.block(f"for p in range(0, {split}, {fy}):"):
-                w.line(f"part_ok = (p + parts) < {split}" + (" & col_ok" if chunk.masked else ""))
+                # parenthesized: in Python `&` binds tighter than `<`
+                part_ok = f"(p + parts) < {split}"
+                w.line(
+                    f"part_ok = ({part_ok}) & col_ok" if chunk.masked else f"part_ok = {part_ok}"
+                )
                 for n, name in zip(reds, ws):
                     part = (
                         f"tl.load({name}_ptr + (p + parts) * {spec.cols} + cols, "
