@@ -244,14 +244,15 @@ def aligned_walk(spec: KernelSpec, v: int) -> tuple[int, tuple[str, ...]]:
 def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
     width = s.chunk * s.unroll
     end = spec.cols // width * width
-    tail_slots = -(-(spec.cols - end) // s.chunk)
+    tail = spec.cols - end
     walk: dict = {}
     if s.align_walk:
         stride, names = aligned_walk(spec, s.vector)
         if not stride or end < width:
             raise ScheduleError(f"{spec.name}: no aligned-start walk at vector {s.vector}")
-        # the tail reaches up to vector - 1 columns further (the shift)
-        tail_slots = -(-(spec.cols - end + s.vector - 1) // s.chunk)
+        # the walk's positions are columns + shift: the tail reaches up to vector - 1
+        # columns further, also where the loop ends at the row's last column
+        tail += s.vector - 1
         # the others are read at the true column (position - shift): element by element
         packs = tuple(
             (a.name, s.vector, s.vector if a.name in names else access_width(spec, a, 1))
@@ -266,7 +267,8 @@ def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
         looped=looped_plan(spec),
         walk_width=width,
         walk_end=end,
-        walk_tail_slots=tail_slots,
+        walk_tail=tail,
+        walk_tail_slots=-(-tail // s.chunk),
         **walk,
     )
 

@@ -122,10 +122,12 @@ class KernelPlan:
     rows_in_flight: int = 1
     row_steps: int = 0
     # inner looped: a row is walked walk_width columns an iteration (unroll chunks) up to
-    # walk_end; the rest is one tail walk of walk_tail_slots chunks, the last predicated
-    # if col_guard
+    # walk_end; the walk_tail positions after it (cols - walk_end, plus walk_align - 1 for
+    # the aligned-start walk's shift: a tail even where walk_end is cols) are one tail walk
+    # of walk_tail_slots chunks, the last predicated if col_guard
     walk_width: int = 0
     walk_end: int = 0
+    walk_tail: int = 0
     walk_tail_slots: int = 0
     # inner looped, aligned-start walk (0: off): rows whose start is not 16-byte aligned
     # (a contiguous odd width) are walked from their start rounded down to walk_align

@@ -15,6 +15,7 @@ from fuser.codegen.triton.templates import render_op
 from fuser.ir.dtypes import accumulator
 from fuser.ir.graph import Node
 from fuser.ir.ops import REDUCE, Op
+from fuser.plan.build import pow2_ceil
 from fuser.plan.kernel_plan import RowChunk
 from fuser.schedulers.online import OnlinePair
 from fuser.segmenter import Kind
@@ -174,21 +175,16 @@ def _reduce_row_constant(kw: TritonKernelWriter, em: Emitter, node: Node, chunk:
 def inner_looped(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     plan = s.looped
-    width, full_end = s.walk_width, s.walk_end
-    tail = spec.cols - full_end
-    tail_w = 1 << max(tail - 1, 0).bit_length() if tail else 0
+    width, full_end, tail = s.walk_width, s.walk_end, s.walk_tail
+    # the tail walk is one masked tile, the next power of two wide (a tl.arange's width;
+    # IGNORED_BY says why not walk_tail_slots chunks); its names differ from the loop
+    # body's: Triton wants a variable's shape to stay the same through a loop
     body = Chunk(None, "off + ", width, False)
-    # the tail's names differ from the loop body's: Triton wants a variable's shape
-    # to stay the same through a loop
-    tail_chunk = Chunk("tail", f"{full_end} + ", tail_w, True)
-    # the aligned-start walk: a masked head iteration, the loop from the next one, and a
-    # tail up to vector - 1 columns longer (fuser/plan/build.py aligned_walk)
+    tail_chunk = Chunk("tail", f"{full_end} + ", pow2_ceil(tail) if tail else 0, True)
+    # the aligned-start walk: a masked head iteration, then the loop from the next one
+    # (its tail is up to vector - 1 columns longer: fuser/plan/build.py)
     start = width if s.walk_align else 0
     head = Chunk("head", "", width, True) if s.walk_align else None
-    if s.walk_align:
-        tail = spec.cols - full_end + s.walk_align - 1
-        tail_w = 1 << max(tail - 1, 0).bit_length()
-        tail_chunk = Chunk("tail", f"{full_end} + ", tail_w, True)
     loop = f"for off in range({start}, {full_end}, {width}):"
     w.line("@triton.jit")
     with w.block(kw.signature([])):
