@@ -37,13 +37,17 @@ IGNORED_BY = {
         "kept": "Triton keeps a chunk's SSA values live as long as a later pass uses them",
         "vectors_per_thread": "Triton spreads a pointwise tile over the threads itself",
         "idle_threads": "Triton spreads a pointwise tile over the threads itself",
-        "row_step": "Triton's outer row loop takes rows_per_block rows a step, one tile, and "
-        "masks every step (the CUDA thread rows may take more)",
-        "rows_in_flight": "Triton's outer row loop loads one [rows_per_block, chunk] tile a step",
-        "row_steps": "Triton's outer row loop takes rows_per_block rows a step",
+        "row_step": "Triton's outer row step is its [rows_per_block, chunk] tile: row_step "
+        "wherever the loop takes more than one step (it is more only where the rows are "
+        "fewer than the CUDA block's thread rows: one step either way; tests/test_plan.py)",
+        "rows_in_flight": "Triton spreads a step's [rows_per_block, chunk] tile over the "
+        "threads itself",
         "walk_tail_slots": "Triton walks a looped row's tail as one tile, the next power of "
         "two wide",
         "column_rows_shared": "Triton folds a block's rows of column partials with tl.sum",
+        "finalize_unroll": "Triton chooses its own unroll of the finalize's partials loop",
+        "finalize_tpr": "Triton spreads the finalize's [finalize_rows, finalize_cols] tile "
+        "over its finalize_threads itself",
     },
 }
 
@@ -145,6 +149,10 @@ class KernelPlan:
     finalize_tpr: int = 0
     finalize_rows: int = 0
     finalize_grid: tuple[int, ...] = ()
+    # its last column block reaching past the row end (its columns predicated); the
+    # partials a thread's loop over them takes an unrolled step
+    finalize_col_guard: bool = False
+    finalize_unroll: int = 1
     # inner_outer: the kernel walks the rows in a grid-stride loop (programs blocks,
     # rows_per_block rows a step, the last step's rows guarded if row_guard) and
     # accumulates the column reductions of each pass (RowPass.columns) in fp32 registers,

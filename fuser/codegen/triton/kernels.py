@@ -95,10 +95,10 @@ def inner_persistent(kw: TritonKernelWriter) -> str:
         for a, c in streamed:
             kw.load(a, c, rows="first_rows")
             em.loaded.add(em.key(a.value.id, c))
-        kw.row_mask = True  # the last sweep may run past n_rows: its stores are masked
         with w.block(f"for step in range(0, {spec.rows}, {grid}):"):
             w.line("rows = step + pid + tl.arange(0, 1)[:, None]")
-            w.line(f"row_ok = rows < {spec.rows}")
+            if s.row_guard:  # the last step runs past the rows: its stores are masked
+                w.line(f"row_ok = rows < {spec.rows}")
             w.comment("loads clamp to the last row instead of masking it")
             w.line(f"next_rows = tl.minimum(rows + {grid}, {last})")
             kw.gather_loads("next_rows")
@@ -404,9 +404,8 @@ def pointwise(kw: TritonKernelWriter) -> str:
 
 def outer_reduction(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
-    # a step is one [rows_per_block, chunk] tile and every step is masked: row_guard and
-    # row_step are the CUDA thread rows' loop (IGNORED_BY)
-    kw.row_mask = True
+    # a step is one [rows_per_block, chunk] tile: the plan's row_step wherever the loop
+    # takes more than one step (IGNORED_BY), its row_steps trips, row_guard its row mask
     split = s.split_rows
     ws = [buf.name for buf in s.workspaces]
     extra = [f"{name}_ptr" for name in ws]
@@ -429,13 +428,12 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                 f"acc_{n.out.name} = tl.full(({s.rows_per_block}, {s.chunk}), "
                 f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
             )
-        step = s.rows_per_block * split
-        trips = -(-spec.rows // step)
-        with w.block(f"for i in range({trips}):"):
+        with w.block(f"for i in range({s.row_steps}):"):
             idx = f"tl.arange(0, {s.rows_per_block})[:, None]"
             pid = "tl.program_id(1).to(tl.int64)" if s.index_bits == 64 else "tl.program_id(1)"
             w.line(f"rows = ({pid} + i * {split}) * {s.rows_per_block} + {idx}")
-            w.line("row_ok = rows < n_rows")
+            if kw.row_mask:
+                w.line("row_ok = rows < n_rows")
             inner = Emitter(kw)
             inner.done |= em.done
             inner.loaded |= em.loaded
@@ -465,13 +463,12 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
         with w.block(
             kw.signature(extra).replace(f"def {spec.name}(", f"def {spec.name}_finalize(")
         ):
-            fcols = s.finalize_tpr * s.vector
-            fy = s.finalize_rows
+            fcols, fy = s.finalize_cols, s.finalize_rows
             w.comment(
                 f"add the {split} partial sums of each column in a fixed order: "
                 f"{fcols} columns a program, {fy} partials a step"
             )
-            chunk = Chunk(None, f"tl.program_id(0) * {fcols} + ", fcols, spec.cols % fcols != 0)
+            chunk = Chunk(None, f"tl.program_id(0) * {fcols} + ", fcols, s.finalize_col_guard)
             kw.col_setup(chunk)
             w.line(f"parts = tl.arange(0, {fy})[:, None]")
             fin = Emitter(kw)
