@@ -172,7 +172,7 @@ def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
                     results.append(None)
                     continue
                 module = load_module(k.source, False)
-                s, args = k.schedule, warmup_args(k)
+                s, args = k.plan, warmup_args(k)
                 fn = getattr(module, k.name)
                 fn.warmup(*args, grid=s.grid, num_warps=s.num_warps, **TRITON_OPTIONS)
                 if k.workspaces:

@@ -118,7 +118,7 @@ def _job(kernel: Any, arch: str) -> dict:
         "name": kernel.name,
         "signature": sig,
         "aligned": aligned,
-        "num_warps": kernel.schedule.num_warps,
+        "num_warps": kernel.plan.num_warps,
         "arch": int(arch.removeprefix("sm_")),
     }
 
