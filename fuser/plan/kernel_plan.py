@@ -42,8 +42,10 @@ IGNORED_BY = {
         "fewer than the CUDA block's thread rows: one step either way; tests/test_plan.py)",
         "rows_in_flight": "Triton spreads a step's [rows_per_block, chunk] tile over the "
         "threads itself",
-        "walk_tail_slots": "Triton walks a looped row's tail as one tile, the next power of "
-        "two wide",
+        "walk_tail_slots": "Triton walks the walk_tail columns as one masked tile the next "
+        "power of two wide (a tl.arange's width; one cross-thread reduction, not one a "
+        "chunk), and in an online pass as walk_width tiles (the lanes' running max and sum "
+        "keep one shape)",
         "column_rows_shared": "Triton folds a block's rows of column partials with tl.sum",
         "finalize_unroll": "Triton chooses its own unroll of the finalize's partials loop",
         "finalize_tpr": "Triton spreads the finalize's [finalize_rows, finalize_cols] tile "
@@ -292,6 +294,7 @@ class KernelPlan:
                 f"  finalize launch: grid {self.finalize_grid}, {self.finalize_threads} threads: "
                 f"{self.finalize_cols} columns a block, {self.finalize_rows} "
                 f"thread rows over the {self.split_rows} partials, combined in a fixed order"
+                + (", its last column block predicated" if self.finalize_col_guard else "")
                 + (
                     f"; then {len(self.epilogue)} column op(s) to the outputs"
                     if self.epilogue
