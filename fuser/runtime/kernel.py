@@ -19,7 +19,7 @@ from fuser.plan.kernel_plan import KernelPlan
 from fuser.runtime import timing
 from fuser.runtime.checks import check_args, raise_claimed
 from fuser.runtime.timing import KernelTime
-from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED
+from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED, load_module
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import Arg, KernelSpec
 
@@ -223,8 +223,6 @@ class Kernel:
             if self._finalize is not None:
                 self._finalize[self._fin_grid3](*args)
             return
-        from fuser.runtime.triton_backend import load_module
-
         s = self.plan
         interp = tensors[0].device.type != "cuda"
         if self._module is None:
