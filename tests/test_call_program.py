@@ -261,7 +261,7 @@ def test_a_compiled_triton_kernel_is_launched_as_its_own_wrapper_launches_it():
         backend="triton",
         _fast=[(lambda *a: got.append(a), "FN", "META", (5, 1, 1))],
         workspace_dtypes=[torch.float32],
-        schedule=SimpleNamespace(split_rows=2),
+        plan=SimpleNamespace(split_rows=2),
         spec=SimpleNamespace(cols=3, rows=11, checks=()),
     )
     builder = SimpleNamespace(names=Names({"a", "b"}))

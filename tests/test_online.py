@@ -247,6 +247,22 @@ def test_non_contiguous_input(backend: str, view: str) -> None:
     assert looped_plan(looped(fd).spec).count == 2
 
 
+@pytest.mark.parametrize("cols", [50256, 49152], ids=["tail", "loop_ends_at_row_end"])
+def test_aligned_walk_of_whole_vector_rows(backend: str, cols: int) -> None:
+    """Rows of a multiple of 8 columns starting 1, 2, 3 elements past an aligned address
+    (a slice of rows one element longer). The CUDA aligned-start walk's tail slots then
+    straddle the row end by the shift: they were stored as whole vectors past it (into
+    the next row, past the last), and where the loop ended on the row's last column
+    (49152: 12 iterations of 4096) the tail, the last `shift` columns, was not walked."""
+    x = randn(4, cols + 1, dtype=BF16)[:, :cols]
+    fd = row_op("log_softmax", BF16)
+    run(fd, [x])
+    p = looped(fd).plan
+    if backend == "cuda":
+        assert p.walk_align == 8 and p.walk_tail >= 7, p.text()
+        assert (p.walk_end == cols) == (cols == 49152), p.text()
+
+
 @pytest.mark.parametrize("scale,exp", [(0.125, "exp"), (1.4426950408889634, "exp2")])
 def test_scaled_softmax_against_eager(backend: str, scale: float, exp: str) -> None:
     fd = scaled_softmax(BF16, scale, exp)

@@ -26,6 +26,9 @@ FINALIZE_MAX_THREADS = 256
 # (a warp's coalesced 128 bytes of fp32 a partial row; 16 rows in flight a block)
 FINALIZE_COLS = 32
 FINALIZE_ROWS = 16
+# partials a finalize thread's loop adds an unrolled step (CUDA's #pragma unroll: loads of
+# 4 partials in flight a thread; set when the finalize was written, not tuned since)
+FINALIZE_UNROLL = 4
 
 
 def pow2_ceil(n: int) -> int:
@@ -150,10 +153,14 @@ def plan_inner_persistent(spec: KernelSpec, s: Schedule) -> KernelPlan:
     tv = tail_vector(s)
     passes, kept = row_passes(spec)
     covered = s.persistent_batch * s.chunk + s.threads_per_row * tv
+    # a prefetching row loop: the programs walk the rows grid apart, one a step; the
+    # last step runs past the rows unless the programs divide them
+    row_guard = spec.rows % s.grid[0] != 0 if s.programs else not s.even_rows
     return _common(
         spec,
         s,
         tail_vector=tv,
+        row_guard=row_guard,
         col_guard=covered > spec.cols,
         packs=_packs(spec, {s.vector, tv}),
         passes=passes,
@@ -246,6 +253,8 @@ def plan_inner_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
         finalize_threads=fin_cols * fin_rows,
         finalize_tpr=fin_cols,  # a column a thread
         finalize_grid=(-(-spec.cols // fin_cols),),
+        finalize_col_guard=spec.cols % fin_cols != 0,
+        finalize_unroll=FINALIZE_UNROLL,
         finalize_cols=fin_cols,
         finalize_rows=fin_rows,
         column_rows_shared=shared,
@@ -277,14 +286,15 @@ def aligned_walk(spec: KernelSpec, v: int) -> tuple[int, tuple[str, ...]]:
 def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
     width = s.chunk * s.unroll
     end = spec.cols // width * width
-    tail_slots = -(-(spec.cols - end) // s.chunk)
+    tail = spec.cols - end
     walk: dict = {}
     if s.align_walk:
         stride, names = aligned_walk(spec, s.vector)
         if not stride or end < width:
             raise ScheduleError(f"{spec.name}: no aligned-start walk at vector {s.vector}")
-        # the tail reaches up to vector - 1 columns further (the shift)
-        tail_slots = -(-(spec.cols - end + s.vector - 1) // s.chunk)
+        # the walk's positions are columns + shift: the tail reaches up to vector - 1
+        # columns further, also where the loop ends at the row's last column
+        tail += s.vector - 1
         # the others are read at the true column (position - shift): element by element
         packs = tuple(
             (a.name, s.vector, s.vector if a.name in names else access_width(spec, a, 1))
@@ -299,7 +309,8 @@ def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
         looped=looped_plan(spec),
         walk_width=width,
         walk_end=end,
-        walk_tail_slots=tail_slots,
+        walk_tail=tail,
+        walk_tail_slots=-(-tail // s.chunk),
         **walk,
     )
 
@@ -324,6 +335,8 @@ def plan_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
             finalize_tpr=fin_tpr,
             finalize_rows=threads // fin_tpr,
             finalize_grid=(-(-spec.cols // (fin_tpr * s.vector)),),
+            finalize_col_guard=spec.cols % (fin_tpr * s.vector) != 0,
+            finalize_unroll=FINALIZE_UNROLL,
             finalize_cols=fin_tpr * s.vector,
         )
     return _common(

@@ -37,13 +37,19 @@ IGNORED_BY = {
         "kept": "Triton keeps a chunk's SSA values live as long as a later pass uses them",
         "vectors_per_thread": "Triton spreads a pointwise tile over the threads itself",
         "idle_threads": "Triton spreads a pointwise tile over the threads itself",
-        "row_step": "Triton's outer row loop takes rows_per_block rows a step, one tile, and "
-        "masks every step (the CUDA thread rows may take more)",
-        "rows_in_flight": "Triton's outer row loop loads one [rows_per_block, chunk] tile a step",
-        "row_steps": "Triton's outer row loop takes rows_per_block rows a step",
-        "walk_tail_slots": "Triton walks a looped row's tail as one tile, the next power of "
-        "two wide",
+        "row_step": "Triton's outer row step is its [rows_per_block, chunk] tile: row_step "
+        "wherever the loop takes more than one step (it is more only where the rows are "
+        "fewer than the CUDA block's thread rows: one step either way; tests/test_plan.py)",
+        "rows_in_flight": "Triton spreads a step's [rows_per_block, chunk] tile over the "
+        "threads itself",
+        "walk_tail_slots": "Triton walks the walk_tail columns as one masked tile the next "
+        "power of two wide (a tl.arange's width; one cross-thread reduction, not one a "
+        "chunk), and in an online pass as walk_width tiles (the lanes' running max and sum "
+        "keep one shape)",
         "column_rows_shared": "Triton folds a block's rows of column partials with tl.sum",
+        "finalize_unroll": "Triton chooses its own unroll of the finalize's partials loop",
+        "finalize_tpr": "Triton spreads the finalize's [finalize_rows, finalize_cols] tile "
+        "over its finalize_threads itself",
     },
 }
 
@@ -122,10 +128,12 @@ class KernelPlan:
     rows_in_flight: int = 1
     row_steps: int = 0
     # inner looped: a row is walked walk_width columns an iteration (unroll chunks) up to
-    # walk_end; the rest is one tail walk of walk_tail_slots chunks, the last predicated
-    # if col_guard
+    # walk_end; the walk_tail positions after it (cols - walk_end, plus walk_align - 1 for
+    # the aligned-start walk's shift: a tail even where walk_end is cols) are one tail walk
+    # of walk_tail_slots chunks, the last predicated if col_guard
     walk_width: int = 0
     walk_end: int = 0
+    walk_tail: int = 0
     walk_tail_slots: int = 0
     # inner looped, aligned-start walk (0: off): rows whose start is not 16-byte aligned
     # (a contiguous odd width) are walked from their start rounded down to walk_align
@@ -143,6 +151,10 @@ class KernelPlan:
     finalize_tpr: int = 0
     finalize_rows: int = 0
     finalize_grid: tuple[int, ...] = ()
+    # its last column block reaching past the row end (its columns predicated); the
+    # partials a thread's loop over them takes an unrolled step
+    finalize_col_guard: bool = False
+    finalize_unroll: int = 1
     # inner_outer: the kernel walks the rows in a grid-stride loop (programs blocks,
     # rows_per_block rows a step, the last step's rows guarded if row_guard) and
     # accumulates the column reductions of each pass (RowPass.columns) in fp32 registers,
@@ -282,6 +294,7 @@ class KernelPlan:
                 f"  finalize launch: grid {self.finalize_grid}, {self.finalize_threads} threads: "
                 f"{self.finalize_cols} columns a block, {self.finalize_rows} "
                 f"thread rows over the {self.split_rows} partials, combined in a fixed order"
+                + (", its last column block predicated" if self.finalize_col_guard else "")
                 + (
                     f"; then {len(self.epilogue)} column op(s) to the outputs"
                     if self.epilogue

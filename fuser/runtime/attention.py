@@ -112,7 +112,7 @@ def attention_backward(
     t = plan.dq
     module.attn_bwd_delta[(triton_cdiv(tq, t.block_m), b * hq)](
         out, grad_out, delta, tq, hq, *out.stride(), *grad_out.stride(),
-        BLOCK_M=t.block_m, BLOCK_D=plan.block_d, HEAD_D=d, num_warps=4,
+        BLOCK_M=t.block_m, BLOCK_D=plan.block_d, HEAD_D=d, num_warps=plan.delta_warps,
     )  # fmt: skip
     common = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *lse_s)
     t = plan.dkdv

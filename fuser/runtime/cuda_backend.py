@@ -359,7 +359,7 @@ class _Launcher:
 def _launch_plan(kernel: Any, index: int) -> tuple[bytes, str, list[tuple[str, tuple, int]]]:
     """(cubin, its cache key, [(function name, grid, threads)]) of `kernel` on device
     `index`: the kernel, then its finalize pass when it has workspaces."""
-    s = kernel.schedule
+    s = kernel.plan
     arch = device_arch(index)
     cubin = compile_cubin(kernel.source, kernel.name, arch)
     plan = [(kernel.name, s.grid, s.threads)]

@@ -206,7 +206,7 @@ def emulate(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
     (`checks`: its error record and flag, when it has check_index nodes)."""
     if not available():
         raise FuserError("emulating CUDA kernels needs g++ (C++20)")
-    s, spec = kernel.schedule, kernel.spec
+    s, spec = kernel.plan, kernel.spec
     types = [MEMORY[a.dtype] for a in spec.args]
     types += [acc_type(ws.reduction.inputs[0].dtype) for ws in kernel.plan.workspaces]
     types += ["long long" for _ in checks]

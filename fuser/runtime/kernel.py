@@ -19,7 +19,7 @@ from fuser.plan.kernel_plan import KernelPlan
 from fuser.runtime import timing
 from fuser.runtime.checks import check_args, raise_claimed
 from fuser.runtime.timing import KernelTime
-from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED
+from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED, load_module
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import Arg, KernelSpec
 
@@ -160,7 +160,7 @@ class Kernel:
             self.plan = make_plan(self.spec, self.schedule)
         self.workspaces = [ws.name for ws in self.plan.workspaces]
         # a compiled kernel's launcher wants all three grid dimensions
-        self._grid3 = (*self.schedule.grid, 1, 1)[:3]
+        self._grid3 = (*self.plan.grid, 1, 1)[:3]
         self._fin_grid3 = (*self.plan.finalize_grid, 1, 1)[:3]
         self.workspace_dtypes = [
             accumulator_dtype(ws.reduction.inputs[0].dtype) for ws in self.plan.workspaces
@@ -223,9 +223,7 @@ class Kernel:
             if self._finalize is not None:
                 self._finalize[self._fin_grid3](*args)
             return
-        from fuser.runtime.triton_backend import load_module
-
-        s = self.schedule
+        s = self.plan
         interp = tensors[0].device.type != "cuda"
         if self._module is None:
             self._module = load_module(self.source, interp)
@@ -255,7 +253,7 @@ class Kernel:
             self._fast = _direct_launches(first, self._grid3, fin, self._fin_grid3)
 
     def _workspace_tensors(self, device: torch.device) -> list[torch.Tensor]:
-        n = self.schedule.split_rows * self.spec.cols
+        n = self.plan.split_rows * self.spec.cols
         return [torch.empty(n, dtype=dt, device=device) for dt in self.workspace_dtypes]
 
     def resources(self, arch: str = "sm_90") -> dict:

@@ -38,6 +38,7 @@ from fuser.config import config, debug_print
 from fuser.runtime import timing
 from fuser.runtime.cuda_backend import device_arch
 from fuser.runtime.timing import KernelTime
+from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED, load_module
 
 # NVRTC and ptxas are the slow part and run outside the GIL; more threads than cores
 # only queue. 8: Inductor's compile pool is sized by cores too, capped for memory.
@@ -155,8 +156,6 @@ def warmup_args(k: Any) -> list[Any]:
 
 
 def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
-    from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED, load_module
-
     try:
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:  # an older Triton: warm up serially
@@ -172,7 +171,7 @@ def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
                     results.append(None)
                     continue
                 module = load_module(k.source, False)
-                s, args = k.schedule, warmup_args(k)
+                s, args = k.plan, warmup_args(k)
                 fn = getattr(module, k.name)
                 fn.warmup(*args, grid=s.grid, num_warps=s.num_warps, **TRITON_OPTIONS)
                 if k.workspaces:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fuser.config import use_interpreter
+from fuser.errors import CompileError
 from fuser.runtime.cuda_backend import compile_cubin
 from fuser.runtime.triton_backend import TRITON_OPTIONS
 from fuser.schedulers.spec import CHECK_PARAMS
@@ -118,7 +119,7 @@ def _job(kernel: Any, arch: str) -> dict:
         "name": kernel.name,
         "signature": sig,
         "aligned": aligned,
-        "num_warps": kernel.schedule.num_warps,
+        "num_warps": kernel.plan.num_warps,
         "arch": int(arch.removeprefix("sm_")),
     }
 
@@ -192,8 +193,6 @@ def _in_child(what: str, jobs: list[dict]) -> list[Any]:
         env=env,
     )
     if proc.returncode != 0:
-        from fuser.errors import CompileError
-
         raise CompileError(f"compiling for resources failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -21,12 +21,13 @@ import torch
 
 from fuser.codegen.triton.scatter import render_scatter
 from fuser.config import config, use_interpreter
-from fuser.errors import FuserError
+from fuser.errors import FuserError, OutOfBoundsError
 from fuser.ir.dtypes import dtype_of
 from fuser.ir.graph import Node, Value, freeze_attrs
-from fuser.ir.guards import index_attrs
+from fuser.ir.guards import index_attrs, message
 from fuser.ir.ops import Op
 from fuser.runtime.checks import check_args, poll, raise_claimed
+from fuser.runtime.resources import _compile_triton, resources_in_child
 from fuser.runtime.triton_backend import load_module
 from fuser.schedulers.scatter import ScatterPlan, ScatterShape, plan_scatter, shape_of
 
@@ -200,9 +201,6 @@ def _no_rows_check(flat: torch.Tensor, rows: int, index: torch.Tensor) -> None:
     """With no output rows (or columns) no kernel runs: the index is checked with ATen."""
     if flat.numel() == 0:
         return
-    from fuser.errors import OutOfBoundsError
-    from fuser.ir.guards import message
-
     bad = (flat < 0) | (flat >= rows)
     if bool(bad.any()):
         i = int(bad.int().argmax())
@@ -235,8 +233,6 @@ _PTR = {"torch.float32": "*fp32", "torch.float16": "*fp16", "torch.bfloat16": "*
 def resources(plan: ScatterPlan, src_dtype: str, arch: str = "sm_90") -> dict:
     """Registers and spills ptxas gives the plan's kernel for `arch`, compiled without a
     GPU (fuser/runtime/resources.py; in a child process where this one interprets)."""
-    from fuser.runtime.resources import _compile_triton, resources_in_child
-
     out, idx = _PTR[plan.shape.dtype], _PTR[plan.shape.index_dtype]
     src = _PTR[src_dtype]
     if plan.mode == "sorted":

@@ -131,6 +131,9 @@ class AttentionPlan:
     even_m: bool  # Tq a multiple of every query block: no query-bound masks
     even_n: bool  # Tk a multiple of every key block: no key-bound masks
     reasons: tuple[str, ...] = field(default=(), compare=False)
+    # the backward's delta kernel (rowsum(dO * O), dq.block_m query rows a program): an
+    # elementwise product and one row sum, 4 warps as Triton's default (not tuned)
+    delta_warps: int = 4
 
     @property
     def name(self) -> str:
@@ -144,7 +147,8 @@ class AttentionPlan:
         lines = [
             f"attention template {self.name}: {self.shape.line()}",
             f"  forward: {self.forward.line()}",
-            f"  backward dK/dV: {self.dkdv.line()}; dQ: {self.dq.line()}",
+            f"  backward dK/dV: {self.dkdv.line()}; dQ: {self.dq.line()}; "
+            f"delta: {self.dq.block_m} queries, {self.delta_warps} warps",
             f"  head dim {self.shape.head_dim} in tiles of {self.block_d}; "
             f"masks: queries {'none' if self.even_m else 'Tq bound'}, "
             f"keys {'none' if self.even_n else 'Tk bound'}"
@@ -192,7 +196,7 @@ def retile(plan: AttentionPlan, why: str, **tiles: Tiles) -> AttentionPlan:
     _check(s, plan.block_d, fw, dkdv, dq)
     even_m = all(s.t_q % b == 0 for b in (fw.block_m, dkdv.block_m, dq.block_m))
     even_n = all(s.t_k % b == 0 for b in (fw.block_n, dkdv.block_n, dq.block_n))
-    return AttentionPlan(s, plan.block_d, fw, dkdv, dq, even_m, even_n, (why,))
+    return AttentionPlan(s, plan.block_d, fw, dkdv, dq, even_m, even_n, (why,), plan.delta_warps)
 
 
 def _gpu_tiles(shape: AttentionShape, d: int, reasons: list[str]) -> tuple[Tiles, Tiles, Tiles]:

@@ -163,13 +163,17 @@ def _finalize(kw: CudaKernelWriter, columns: list[Node], ws: list[tuple[str, str
         kw.constants(COLS=spec.cols, PARTS=s.split_rows, FC=fc, FR=fr)
         w.line("const int tx = threadIdx.x % FC, ty = threadIdx.x / FC;")
         w.line("const int col = blockIdx.x * FC + tx;")
-        w.line("const bool col_ok = col < COLS;")
+        col_ok = "col_ok" if s.finalize_col_guard else None
+        if col_ok:
+            w.line("const bool col_ok = col < COLS;")
         kw.scalar_prologue()
         for n, (name, at) in zip(columns, ws):
             w.line(f"{at} acc_{n.out.name} = {identity_of(n)};")
-            w.line("#pragma unroll 4")
+            w.line(f"#pragma unroll {s.finalize_unroll}")
             w.line(
-                f"for (int p = ty; p < PARTS; p += FR) if (col_ok) acc_{n.out.name} = "
+                "for (int p = ty; p < PARTS; p += FR) "
+                + (f"if ({col_ok}) " if col_ok else "")
+                + f"acc_{n.out.name} = "
                 f"{combine(n.op, f'acc_{n.out.name}', f'{name}_ptr[p * COLS + col]')};"
             )
             w.line(f"__shared__ {at} fold_{n.out.name}[FR][FC];")
@@ -187,5 +191,5 @@ def _finalize(kw: CudaKernelWriter, columns: list[Node], ws: list[tuple[str, str
                 ct = COMPUTE[n.out.dtype]
                 total = acc if acc_type(n.inputs[0].dtype) == ct else f"({ct}){acc}"
                 given[n.out.id] = round_to(total, n.out.dtype)
-            region = Region("", ["const int c = 0;"], 1, col_ok="col_ok")
+            region = Region("", ["const int c = 0;"], 1, col_ok=col_ok)
             kw.emit_nest(Nest([region], 1, "c", list(s.epilogue), given=given))

@@ -66,11 +66,12 @@ def inner_looped(kw: CudaKernelWriter) -> str:
                     setup = [f"const int col = off + u * CHUNK + lane * V{sh};"]
                     nest.regions = [slot_region("u", unroll, setup, v)]
                     _emit_looped_nest(kw, nest, pairs)
-            if rem:
+            if s.walk_tail:  # the aligned walk's has the shift's columns even where rem is 0
                 exact = not s.col_guard  # the tail is whole chunks
                 setup = [f"const int col = FULL_END + u * CHUNK + lane * V{sh};"]
                 setup += [] if exact else ["const bool col_ok = col < COLS;"]
-                w.comment(f"the last {rem} columns" + ("" if exact else ", predicated"), "//")
+                what = f"the last {rem} columns" if rem else "the last `shift` columns"
+                w.comment(what + ("" if exact else ", predicated"), "//")
                 with w.block("{", "}"):
                     nest.slots = tail_slots
                     nest.regions = [

@@ -155,15 +155,14 @@ def _finalize(kw: CudaKernelWriter, reds: list[Node], ws: list[tuple[str, str]])
         kw.constants(COLS=spec.cols, V=v, FTPR=ftpr, FY=fy, SPLIT=s.split_rows)
         w.line("const int tx = threadIdx.x % FTPR, ty = threadIdx.x / FTPR;")
         w.line("const int col = blockIdx.x * (FTPR * V) + tx * V;")
-        guard = spec.cols % (ftpr * v) != 0
-        col_ok = "col_ok" if guard else None
-        if guard:
+        col_ok = "col_ok" if s.finalize_col_guard else None
+        if col_ok:
             w.line("const bool col_ok = col < COLS;")
         kw.scalar_prologue()
         for n in reds:
             kw.declare_acc(n, v)
         with w.block(f"if ({col_ok}) {{", "}") if col_ok else nullcontext():
-            w.line("#pragma unroll 4")
+            w.line(f"#pragma unroll {s.finalize_unroll}")
             with w.block("for (int p = ty; p < SPLIT; p += FY) {", "}"):
                 for n, (name, _) in zip(reds, ws):
                     acc = f"acc_{n.out.name}[i]"

@@ -16,7 +16,9 @@ def inner_persistent(kw: CudaKernelWriter) -> str:
     tail_v = s.tail_vector
     nchunks = batch + (1 if tail_v else 0)
     threads = tpr * rpb
-    row_guard = s.row_guard
+    # a prefetching loop's bound keeps its rows in range (row_guard: its last step's rows
+    # past the end, which Triton's loop masks); the next row's loads have a guard of their own
+    row_guard = s.row_guard and not s.programs
     nests, kept = [list(p.nodes) for p in s.passes], dict(s.kept)
     w.line(kw.signature(spec.name, threads))
     with w.block("{", "}"):

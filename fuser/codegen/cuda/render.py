@@ -141,8 +141,10 @@ class CudaKernelWriter(CudaExpressions):
 
     def partial(self, r: Region) -> bool:
         """True when a guarded slot of `r` may straddle the row end (its first column in
-        the row, its last not): the column count is not a multiple of the slot width."""
-        return r.head or (bool(r.col_ok) and self.spec.cols % r.width != 0)
+        the row, its last not): the column count is not a multiple of the slot width, or
+        the slots start `shift` columns off it (the aligned-start walk's tail)."""
+        straddles = self.spec.cols % r.width != 0 or bool(self.s.walk_align)
+        return r.head or (bool(r.col_ok) and straddles)
 
     def element_ok(self, r: Region) -> str | None:
         """The column guard of element i of a slot of `r`."""

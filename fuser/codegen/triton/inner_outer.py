@@ -118,7 +118,7 @@ def _finalize(kw: TritonKernelWriter, extra: list[str]) -> None:
     spec, s, w = kw.spec, kw.s, kw.w
     columns = [n for p in s.passes for n in p.columns]
     parts, fr, fc = s.split_rows, s.finalize_rows, s.finalize_cols
-    chunk = Chunk(None, f"tl.program_id(0) * {fc} + ", fc, spec.cols % fc != 0)
+    chunk = Chunk(None, f"tl.program_id(0) * {fc} + ", fc, s.finalize_col_guard)
     w.line("@triton.jit")
     with w.block(kw.signature(extra).replace(f"def {spec.name}(", f"def {spec.name}_finalize(")):
         w.comment(f"add the {parts} partial rows of each column, {fr} at a time, in a fixed order")

@@ -1,22 +1,18 @@
-"""Kernel bodies per schedule kind: pointwise, inner persistent, inner looped, outer."""
+"""Kernel bodies per schedule kind: pointwise, inner persistent, outer; the Emitter the
+others share (looped.py, inner_outer.py)."""
 
 from __future__ import annotations
-
-from contextlib import nullcontext
 
 from fuser.codegen.triton.render import (
     Chunk,
     TritonKernelWriter,
     _acc_dtype,
-    _cone,
     _identity,
 )
-from fuser.codegen.triton.templates import render_op
 from fuser.ir.dtypes import accumulator
 from fuser.ir.graph import Node
 from fuser.ir.ops import REDUCE, Op
 from fuser.plan.kernel_plan import RowChunk
-from fuser.schedulers.online import OnlinePair
 from fuser.segmenter import Kind
 
 
@@ -94,10 +90,10 @@ def inner_persistent(kw: TritonKernelWriter) -> str:
         for a, c in streamed:
             kw.load(a, c, rows="first_rows")
             em.loaded.add(em.key(a.value.id, c))
-        kw.row_mask = True  # the last sweep may run past n_rows: its stores are masked
         with w.block(f"for step in range(0, {spec.rows}, {grid}):"):
             w.line("rows = step + pid + tl.arange(0, 1)[:, None]")
-            w.line(f"row_ok = rows < {spec.rows}")
+            if s.row_guard:  # the last step runs past the rows: its stores are masked
+                w.line(f"row_ok = rows < {spec.rows}")
             w.comment("loads clamp to the last row instead of masking it")
             w.line(f"next_rows = tl.minimum(rows + {grid}, {last})")
             kw.gather_loads("next_rows")
@@ -171,226 +167,6 @@ def _reduce_row_constant(kw: TritonKernelWriter, em: Emitter, node: Node, chunk:
     em.maybe_store(node, None)
 
 
-def inner_looped(kw: TritonKernelWriter) -> str:
-    spec, s, w = kw.spec, kw.s, kw.w
-    plan = s.looped
-    width, full_end = s.walk_width, s.walk_end
-    tail = spec.cols - full_end
-    tail_w = 1 << max(tail - 1, 0).bit_length() if tail else 0
-    body = Chunk(None, "off + ", width, False)
-    # the tail's names differ from the loop body's: Triton wants a variable's shape
-    # to stay the same through a loop
-    tail_chunk = Chunk("tail", f"{full_end} + ", tail_w, True)
-    # the aligned-start walk: a masked head iteration, the loop from the next one, and a
-    # tail up to vector - 1 columns longer (fuser/plan/build.py aligned_walk)
-    start = width if s.walk_align else 0
-    head = Chunk("head", "", width, True) if s.walk_align else None
-    if s.walk_align:
-        tail = spec.cols - full_end + s.walk_align - 1
-        tail_w = 1 << max(tail - 1, 0).bit_length()
-        tail_chunk = Chunk("tail", f"{full_end} + ", tail_w, True)
-    loop = f"for off in range({start}, {full_end}, {width}):"
-    w.line("@triton.jit")
-    with w.block(kw.signature([])):
-        w.comment(
-            f"one row per program, walked {width} columns at a time "
-            f"({len(plan.passes)} reduction pass(es) + the output pass)"
-        )
-        kw.row_setup("tl.program_id(0)")
-        scalar_em = Emitter(kw)
-
-        def row_nodes(depth: int) -> None:
-            for n in spec.nodes:
-                k = spec.kinds.get(n.out.id)
-                if (
-                    n.op not in REDUCE
-                    and k in (Kind.ROW, Kind.SCALAR)
-                    and spec.depth[n.out.id] == depth
-                ):
-                    scalar_em.node(n, None)
-
-        row_nodes(0)
-        for rounds in plan.passes:
-            if plan.pairs_in(rounds, spec):
-                _online_pass(kw, scalar_em, rounds, body, full_end, tail, head, loop)
-                for rnd in rounds:
-                    row_nodes(rnd)
-                continue
-            rnd = rounds[0]
-            reds = [n for n in spec.reductions if spec.depth[n.out.id] == rnd]
-            cone = _cone(spec, [n.inputs[0] for n in reds], {Kind.FULL, Kind.COL}, rnd)
-            w.comment(f"pass {rnd}: " + ", ".join(f"{n.op.value} -> {n.out.name}" for n in reds))
-            for n in reds:
-                w.line(
-                    f"acc_{n.out.name} = tl.full(({s.rows_per_block}, {width}), "
-                    f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
-                )
-            if full_end > start:
-                with w.block(loop):
-                    kw.col_setup(body)
-                    em = Emitter(kw)
-                    em.done |= scalar_em.done
-                    for n in cone:
-                        em.node(n, body)
-                    for n in reds:
-                        em.ensure_inputs(n, body)
-                        x = kw.reduce_operand(n, body, None)
-                        w.line(f"acc_{n.out.name} = {kw.combine(n.op, f'acc_{n.out.name}', x)}")
-            for n in reds:
-                w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=1)}")
-            for edge in (head, tail_chunk if tail else None):
-                if edge is None:
-                    continue
-                kw.col_setup(edge)
-                em = Emitter(kw)
-                em.done |= scalar_em.done
-                for n in cone:
-                    em.node(n, edge)
-                for n in reds:
-                    em.ensure_inputs(n, edge)
-                    term = kw.reduce_term(n, edge)
-                    w.line(f"{n.out.name} = {kw.combine(n.op, n.out.name, term)}")
-            for n in reds:
-                w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
-                scalar_em.done.add((n.out.id, None))
-                scalar_em.maybe_store(n, None)
-            row_nodes(rnd)
-        full_outs = [a.value for a in spec.outputs if a.kind in (Kind.FULL, Kind.COL)]
-        if full_outs:
-            cone = _cone(spec, full_outs, {Kind.FULL, Kind.COL}, spec.rounds + 1)
-            w.comment("output pass")
-            edges = ((head, head is not None), (body, full_end > start), (tail_chunk, tail))
-            for chunk, ctx in edges:
-                if not ctx:
-                    continue
-                header = loop if chunk is body else None
-                with w.block(header) if header else nullcontext():
-                    kw.col_setup(chunk)
-                    em = Emitter(kw)
-                    em.done |= scalar_em.done
-                    for n in cone:
-                        em.node(n, chunk)
-        kw.flush_reports()  # the row's index checks, once its work is done
-    return w.text()
-
-
-def _online_pass(
-    kw: TritonKernelWriter,
-    scalar_em: Emitter,
-    rounds: tuple[int, ...],
-    body: Chunk,
-    full_end: int,
-    tail: int,
-    head: Chunk | None = None,
-    loop: str = "",
-) -> None:
-    """One pass over the row for rounds r and r + 1, whose sums of exp(c * (x - max))
-    are computed online (fuser/schedulers/online.py): every lane keeps a running max and
-    a running sum rescaled when its max grows; the lanes combine after the loop. Plain
-    reductions of round r ride along. The tail is one masked tile as wide as the loop's,
-    so it updates the same lane state."""
-    spec, s, w = kw.spec, kw.s, kw.w
-    plan = s.looped
-    pairs = plan.pairs_in(rounds, spec)
-    reds = plan.reductions(rounds, spec)
-    maxes = list({id(p.max): p.max for p in pairs}.values())
-    width = body.width
-    cone = _cone(spec, [n.inputs[0] for n in reds + maxes], {Kind.FULL, Kind.COL}, rounds[0])
-    w.comment(
-        f"pass {'+'.join(map(str, rounds))}, online: "
-        + ", ".join(f"{n.op.value} -> {n.out.name}" for n in reds + maxes)
-        + ", "
-        + ", ".join(f"sum(exp(x - max)) -> {p.sum.out.name}" for p in pairs)
-    )
-    w.comment(
-        "each lane keeps a running max and a running sum of exp(x - max), rescaled when\n"
-        "its max grows: the row is read once for both rounds, not once per round\n"
-        "(every exponent is <= 0, so nothing overflows that the two-pass form does not)"
-    )
-    for n in reds:
-        w.line(
-            f"acc_{n.out.name} = tl.full(({s.rows_per_block}, {width}), "
-            f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
-        )
-    for m in maxes:
-        w.line(
-            f"m_{m.out.name} = tl.full(({s.rows_per_block}, {width}), NEG_INF, "
-            f"{_acc_dtype(m.inputs[0].dtype)})"
-        )
-    for p in pairs:
-        w.line(
-            f"s_{p.sum.out.name} = tl.full(({s.rows_per_block}, {width}), 0, "
-            f"{_acc_dtype(p.sum.inputs[0].dtype)})"
-        )
-
-    def step(chunk: Chunk) -> None:
-        kw.col_setup(chunk)
-        em = Emitter(kw)
-        em.done |= scalar_em.done
-        for n in cone:
-            em.node(n, chunk)
-        mask = f"col_ok{chunk.suffix()}" if chunk.masked else None
-        for n in reds + maxes:
-            em.ensure_inputs(n, chunk)
-        for n in reds:
-            x = kw.reduce_operand(n, chunk, mask)
-            w.line(f"acc_{n.out.name} = {kw.combine(n.op, f'acc_{n.out.name}', x)}")
-        for m in maxes:
-            mx = f"m_{m.out.name}"
-            # masked lanes read -inf: they neither grow the max nor add to the sum
-            w.line(f"x_{m.out.name} = {kw.reduce_operand(m, chunk, mask)}")
-            w.line(f"grow_{m.out.name} = x_{m.out.name} > {mx}")
-            w.comment(
-                "a lane's max is -inf until the lane meets a value: 0 stands in for a max "
-                "that is not\nfinite, so a -inf x (masked off, or in the data) adds "
-                "exp(-inf) = 0 without computing\n-inf - -inf (a +inf or NaN max makes "
-                "the row's sum NaN below, whatever the lane adds)"
-            )
-            w.line(f"fin_{m.out.name} = tl.where(tl.abs({mx}) < POS_INF, {mx}, 0.0)")
-            for p in pairs:
-                if p.max is not m:
-                    continue
-                sm, x, grow = f"s_{p.sum.out.name}", f"x_{m.out.name}", f"grow_{m.out.name}"
-                # one exp per element, of -|x - m|: exp(c * (x - m)) if the max stays,
-                # else the rescale exp(c * (m - x)) of the sum so far (and x adds 1)
-                d = f"-tl.abs({x} - fin_{m.out.name})"
-                w.line(f"e_{p.sum.out.name} = {_exp(p, d)}")
-                e = f"e_{p.sum.out.name}"
-                w.line(f"{sm} = tl.where({grow}, {sm} * {e} + 1.0, {sm} + {e})")
-            w.line(f"{mx} = {kw.combine(Op.MAX, mx, f'x_{m.out.name}')}")
-
-    if head is not None:
-        step(head)
-    start = width if head is not None else 0
-    if full_end > start:
-        with w.block(loop or f"for off in range(0, {full_end}, {width}):"):
-            step(body)
-    # the tail: tiles as wide as the loop's (the aligned walk's may need two)
-    for k in range(-(-tail // width)):
-        step(Chunk(f"tail{k}" if k else "tail", f"{full_end + k * width} + ", width, True))
-    for n in reds:
-        w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=1)}")
-    for m in maxes:
-        w.line(f"{m.out.name} = {kw.reduce(m, f'm_{m.out.name}', axis=1)}")
-    for p in pairs:
-        mx, big = f"m_{p.max.out.name}", p.max.out.name
-        lanes = f"s_{p.sum.out.name} * {_exp(p, f'({mx} - {big})')}"
-        w.line(f"{p.sum.out.name} = tl.sum({lanes}, axis=1, keep_dims=True)")
-        w.comment("eager's sum is NaN where the max is not finite (inf - inf, -inf - -inf, NaN)")
-        w.line(f"{p.sum.out.name} = tl.where(tl.abs({big}) < POS_INF, {p.sum.out.name}, nan_())")
-        kw.helpers.add("nan_")
-    for n in reds + maxes + [p.sum for p in pairs]:
-        w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
-        scalar_em.done.add((n.out.id, None))
-        scalar_em.maybe_store(n, None)
-
-
-def _exp(p: OnlinePair, d: str) -> str:
-    """The pair's exp op of c * d."""
-    arg = d if p.scale == 1.0 else f"({d}) * {p.scale!r}"
-    return render_op(p.exp, [arg])
-
-
 def pointwise(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     chunk = Chunk(None, f"tl.program_id(1) * {s.chunk} + ", s.chunk, s.col_guard)
@@ -408,9 +184,8 @@ def pointwise(kw: TritonKernelWriter) -> str:
 
 def outer_reduction(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
-    # a step is one [rows_per_block, chunk] tile and every step is masked: row_guard and
-    # row_step are the CUDA thread rows' loop (IGNORED_BY)
-    kw.row_mask = True
+    # a step is one [rows_per_block, chunk] tile: the plan's row_step wherever the loop
+    # takes more than one step (IGNORED_BY), its row_steps trips, row_guard its row mask
     split = s.split_rows
     ws = [buf.name for buf in s.workspaces]
     extra = [f"{name}_ptr" for name in ws]
@@ -433,13 +208,12 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                 f"acc_{n.out.name} = tl.full(({s.rows_per_block}, {s.chunk}), "
                 f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
             )
-        step = s.rows_per_block * split
-        trips = -(-spec.rows // step)
-        with w.block(f"for i in range({trips}):"):
+        with w.block(f"for i in range({s.row_steps}):"):
             idx = f"tl.arange(0, {s.rows_per_block})[:, None]"
             pid = "tl.program_id(1).to(tl.int64)" if s.index_bits == 64 else "tl.program_id(1)"
             w.line(f"rows = ({pid} + i * {split}) * {s.rows_per_block} + {idx}")
-            w.line("row_ok = rows < n_rows")
+            if kw.row_mask:
+                w.line("row_ok = rows < n_rows")
             inner = Emitter(kw)
             inner.done |= em.done
             inner.loaded |= em.loaded
@@ -469,13 +243,12 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
         with w.block(
             kw.signature(extra).replace(f"def {spec.name}(", f"def {spec.name}_finalize(")
         ):
-            fcols = s.finalize_tpr * s.vector
-            fy = s.finalize_rows
+            fcols, fy = s.finalize_cols, s.finalize_rows
             w.comment(
                 f"add the {split} partial sums of each column in a fixed order: "
                 f"{fcols} columns a program, {fy} partials a step"
             )
-            chunk = Chunk(None, f"tl.program_id(0) * {fcols} + ", fcols, spec.cols % fcols != 0)
+            chunk = Chunk(None, f"tl.program_id(0) * {fcols} + ", fcols, s.finalize_col_guard)
             kw.col_setup(chunk)
             w.line(f"parts = tl.arange(0, {fy})[:, None]")
             fin = Emitter(kw)
@@ -518,6 +291,5 @@ def _epilogue(kw: TritonKernelWriter, em: Emitter, reds: list[Node], chunk: Chun
 RENDERERS = {
     "pointwise": pointwise,
     "inner_persistent": inner_persistent,
-    "inner_looped": inner_looped,
     "outer_reduction": outer_reduction,
 }

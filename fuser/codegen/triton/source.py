@@ -5,13 +5,14 @@ from __future__ import annotations
 from fuser.codegen.header import header_lines
 from fuser.codegen.triton.inner_outer import inner_outer
 from fuser.codegen.triton.kernels import RENDERERS as KERNELS
+from fuser.codegen.triton.looped import inner_looped
 from fuser.codegen.triton.render import CONSTANTS, TritonKernelWriter
 from fuser.codegen.triton.templates import HELPERS, helper_names
 from fuser.codegen.writer import Writer
 from fuser.errors import CompileError
 from fuser.plan.kernel_plan import KernelPlan
 
-RENDERERS = {**KERNELS, "inner_outer": inner_outer}
+RENDERERS = {**KERNELS, "inner_looped": inner_looped, "inner_outer": inner_outer}
 
 
 def render_triton(plan: KernelPlan) -> str:

@@ -126,8 +126,10 @@ def _region_device(n: fx.Node, outs: dict[int, fx.Node], b: StepBuilder) -> Any:
 def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
     """Steps that launch `kernel` on the tensors named `args` (its spec's order)."""
 
-    fast = kernel._fast if kernel.backend == "triton" else None
-    if fast is None:  # the interpreter, the CUDA backend: the kernel's own unchecked launch
+    # Triton's compiled launchers, set by a GPU launch (kernel.py); None for the
+    # interpreter and for backends that launch otherwise (CUDA's cuda.core launcher)
+    fast = kernel._fast
+    if fast is None:  # the kernel's own unchecked launch
         k = b.names.bind(kernel, kernel.name)
         code = f"{k}.launch_unchecked([{', '.join(args)}])"
         return [Step("launch", (), tuple(args), code, device=device)]
@@ -137,7 +139,7 @@ def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
     extra: list[str] = []
     for dt in kernel.workspace_dtypes:
         ws = b.names.fresh("ws")
-        n = kernel.schedule.split_rows * kernel.spec.cols
+        n = kernel.plan.split_rows * kernel.spec.cols
         steps.append(Step("alloc", (ws,), (), alloc=((n,), (1,), dt, device)))
         extra.append(ws)
     uses = (*args, *extra)
