@@ -23,7 +23,8 @@ the first, so the simplest come first within a group.
 The reference evaluator (fuser/ir/evaluate.py) keeps its own Op -> ATen table on purpose:
 the references here are what tests check it against. The fd.ops methods that move, index
 or check values (`STRUCTURAL`) take sizes and index maps rather than data with a domain;
-tests/op_registry.py has a sample of each.
+tests/op_registry.py has a sample of each (tests/test_embedding.py of embedding and
+index_select, gather_rows by other names).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ the op's forward name: `native_layer_norm` -> `layer_norm`, `nll_loss_forward` -
 `nll_loss`, `gelu_backward` -> `gelu` (run with gradients). Some OpInfos carry another
 name (ALSO): those the frontend op table (fuser/frontend/registry.py) lists for the ATen
 ops that reach a frontend op (`x.double()` is _to_copy, relu's gradient is
-threshold_backward, F.rms_norm is _fused_rms_norm), and the views', which are no frontend op.
+threshold_backward, F.rms_norm is _fused_rms_norm), and those of the views (expand, view,
+reshape), which have no entry there.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from fuser.frontend.registry import ENTRIES
 
-# OpInfo names for ATen ops whose OpInfo carries the Python name
+# the views' OpInfos named after the Python API (the op table has no entry for a view)
 VIEWS = {"expand": ("expand_as", "broadcast_to"), "view": ("view_as",), "reshape": ("reshape_as",)}
 
 
