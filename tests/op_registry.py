@@ -4,6 +4,11 @@ A sample says how to build the op with `fd.ops`, how to make random inputs for a
 and dtype (never zeros; positive where the op needs it), and what plain torch computes
 for it (written with torch directly, never through fuser's evaluator). `cases()` crosses
 samples with their shapes and dtypes; every case carries a one-line repro.
+
+The element-wise, reduction and composite ops come from the frontend op table
+(fuser/frontend/registry.py): its entries give the plain samples their name, reference,
+operand domains and dtypes, and the variants here (dims, params, scalars, broadcasts)
+their references; the index maps and indexed reads, which the table leaves out, are here.
 """
 
 from __future__ import annotations
@@ -17,13 +22,24 @@ from typing import Any
 
 import sympy
 import torch
-import torch.nn.functional as F
 
 from fuser import FusionDefinition
+from fuser.frontend.registry import (
+    BY_NAME,
+    PEAKED,
+    SHIFTED,
+    OpEntry,
+    class_ids,
+    entries,
+    positive,
+    randn,
+    random_operand,
+    random_operands,
+)
 from fuser.ir.dtypes import DType, dtype_of
 from fuser.ir.evaluate import tolerance
 from fuser.ir.graph import Graph
-from fuser.ir.ops import Op
+from fuser.ir.ops import BINARY, UNARY, Op
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 I32, I64, BOOL = torch.int32, torch.int64, torch.bool
@@ -43,36 +59,7 @@ SHAPES_3D = ((2, 3, 7), (2, 5, 1))
 Inputs = Callable[[tuple, torch.dtype, torch.Generator], list[torch.Tensor]]
 
 
-# -- random inputs -------------------------------------------------------------------
-def randn(shape: tuple, dtype: torch.dtype, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
-    """Normal floats (never exactly zero in practice); ints in [-9, 9] without 0; random bools."""
-    if dtype == BOOL:
-        return torch.randn(shape, generator=g) > 0
-    if not dtype.is_floating_point:
-        mag = torch.randint(1, 10, shape, generator=g)
-        sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1, 1)
-        return (mag * sign).to(dtype)
-    return (torch.randn(shape, generator=g) * scale).to(dtype)
-
-
-def positive(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
-    """Floats in [0.25, 4.25) (log, sqrt, rsqrt, pow bases); ints in [1, 9]."""
-    if not dtype.is_floating_point:
-        return torch.randint(1, 10, shape, generator=g).to(dtype)
-    return (torch.rand(shape, generator=g) * 4 + 0.25).to(dtype)
-
-
-def with_ties(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
-    """Two operands equal at about half the positions, so eq/ne/le/ge see both outcomes."""
-    a, b = randn(shape, dtype, g), randn(shape, dtype, g)
-    return [a, torch.where(torch.rand(shape, generator=g) < 0.5, a, b)]
-
-
-def with_nans(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
-    x = randn(shape, dtype, g)
-    return [torch.where(torch.rand(shape, generator=g) < 0.3, float("nan"), x).to(dtype)]
-
-
+# -- random inputs (randn, positive: fuser/frontend/registry.py) ---------------------
 def one(fn: Callable[..., torch.Tensor] = randn, **kw: Any) -> Inputs:
     return lambda shape, dtype, g: [fn(shape, dtype, g, **kw)]
 
@@ -81,12 +68,9 @@ def two(fn: Callable[..., torch.Tensor] = randn) -> Inputs:
     return lambda shape, dtype, g: [fn(shape, dtype, g), fn(shape, dtype, g)]
 
 
-def targets(shape: tuple, g: torch.Generator, ignore_index: int, dtype=I64) -> torch.Tensor:
-    """Class ids for [rows, classes] logits; every third row (row 0 first) is ignored."""
-    rows, classes = shape
-    t = torch.randint(0, classes, (rows,), generator=g)
-    t[::3] = ignore_index
-    return t.to(dtype)
+def operands(entry: OpEntry) -> Inputs:
+    """Random operands in the domains the op table gives `entry`."""
+    return lambda shape, dtype, g: random_operands(entry, shape, dtype, g)
 
 
 # -- samples -------------------------------------------------------------------------
@@ -235,50 +219,19 @@ def _last(shape: tuple) -> int:
     return shape[-1] if shape else 1
 
 
-RANDN, RANDN2 = one(), two()
+def _sample(entry: OpEntry) -> OpSample:
+    """The plain sample of an op-table entry: its operands, dtypes and reference."""
+    name = entry.name
+    return OpSample(
+        name,
+        lambda fd, *xs: getattr(fd.ops, name)(*xs),
+        entry.reference,
+        operands(entry),
+        entry.dtypes,
+    )
 
 
-def _unary(name: str, ref: Callable, inputs: Inputs = RANDN, dtypes: tuple = FLOATS) -> OpSample:
-    return OpSample(name, lambda fd, x: getattr(fd.ops, name)(x), ref, inputs, dtypes)
-
-
-def _float_unary(name: str, ref: Callable, inputs: Inputs = RANDN) -> OpSample:
-    # integer operands promote to float32, as in torch
-    return _unary(name, ref, inputs, FLOATS + (I32,))
-
-
-UNARY_SAMPLES = [
-    _unary("neg", torch.neg, dtypes=FLOATS + INTS),
-    _unary("abs", torch.abs, dtypes=FLOATS + INTS),
-    _float_unary("exp", torch.exp),
-    _float_unary("exp2", torch.exp2),
-    _float_unary("log", torch.log, one(positive)),
-    _float_unary("log2", torch.log2, one(positive)),
-    _float_unary("log1p", torch.log1p, one(positive)),
-    _float_unary("sqrt", torch.sqrt, one(positive)),
-    _float_unary("rsqrt", torch.rsqrt, one(positive)),
-    _float_unary("reciprocal", torch.reciprocal, one(positive)),
-    _float_unary("tanh", torch.tanh),
-    _float_unary("erf", torch.erf),
-    _float_unary("sigmoid", torch.sigmoid),
-    _unary("relu", torch.relu, dtypes=FLOATS + INTS),
-    _float_unary("sin", torch.sin, one(randn, scale=4.0)),
-    _float_unary("cos", torch.cos, one(randn, scale=4.0)),
-    _unary("floor", torch.floor, one(randn, scale=4.0)),
-    _unary("ceil", torch.ceil, one(randn, scale=4.0)),
-    _unary("logical_not", torch.logical_not, dtypes=(BOOL,)),
-    _unary("isnan", torch.isnan, with_nans),
-]
-
-
-def _binary(name: str, ref: Callable, inputs: Inputs = RANDN2, dtypes: tuple = FLOATS + INTS):
-    return OpSample(name, lambda fd, a, b: getattr(fd.ops, name)(a, b), ref, inputs, dtypes)
-
-
-def _pow_inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
-    if dtype.is_floating_point:
-        return [positive(shape, dtype, g), randn(shape, dtype, g)]
-    return [positive(shape, dtype, g), torch.randint(1, 4, shape, generator=g).to(dtype)]
+UNARY_SAMPLES = [_sample(e) for e in entries("elementwise", ops=UNARY)]
 
 
 def _row_and_vector(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
@@ -290,16 +243,7 @@ def _mixed(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.T
 
 
 BINARY_SAMPLES = [
-    _binary("add", torch.add),
-    _binary("sub", torch.sub),
-    _binary("mul", torch.mul),
-    _binary("div", torch.div),  # true division: int operands give float32
-    _binary("pow", torch.pow, _pow_inputs),
-    _binary("maximum", torch.maximum),
-    _binary("minimum", torch.minimum),
-    *[_binary(n, getattr(torch, n), with_ties) for n in ("eq", "ne", "lt", "le", "gt", "ge")],
-    _binary("logical_and", torch.logical_and, dtypes=(BOOL,)),
-    _binary("logical_or", torch.logical_or, dtypes=(BOOL,)),
+    *(_sample(e) for e in entries("elementwise", ops=BINARY)),
     # numpy broadcasting of a [H] operand against [rows, H], Python scalars, mixed dtypes
     OpSample(
         "add_row_bcast",
@@ -328,35 +272,26 @@ BINARY_SAMPLES = [
 ]
 
 
-def _where_inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
-    return [randn(shape, BOOL, g), randn(shape, dtype, g), randn(shape, dtype, g)]
-
-
 def _where_bcast_inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list:
     return [randn(shape[:-1] + (1,), BOOL, g), randn(shape, dtype, g), randn(shape, dtype, g)]
 
 
+WHERE = BY_NAME["where"]
 WHERE_SAMPLES = [
-    OpSample(
-        "where",
-        lambda fd, c, a, b: fd.ops.where(c, a, b),
-        torch.where,
-        _where_inputs,
-        FLOATS + INTS,
-    ),
+    _sample(WHERE),
     OpSample(
         "where_scalar",
         lambda fd, c, a, b: fd.ops.where(c, a, 0.0),
-        lambda c, a, b: torch.where(c, a, 0.0),
-        _where_inputs,
-        FLOATS + INTS,
+        lambda c, a, b: WHERE.reference(c, a, 0.0),
+        operands(WHERE),
+        WHERE.dtypes,
         TENSOR_SHAPES,
     ),
     # the condition is the operand that broadcasts (static: a -1 size is never taken as 1)
     OpSample(
         "where_bcast_cond",
         lambda fd, c, a, b: fd.ops.where(c, a, b),
-        torch.where,
+        WHERE.reference,
         _where_bcast_inputs,
         FLOATS,
         ROW_SHAPES,
@@ -367,12 +302,12 @@ WHERE_SAMPLES = [
 
 def _cast(target: torch.dtype, sources: tuple) -> OpSample:
     name = f"cast_{dtype_of(target).short}"
-    # scaled so float -> int truncation keeps a spread of values
+    cast = BY_NAME["cast"]
     return OpSample(
         name,
         lambda fd, x: fd.ops.cast(x, target),
-        lambda x: x.to(target),
-        one(randn, scale=8.0),
+        lambda x: cast.reference(x, dtype=target),
+        operands(cast),
         sources,
     )
 
@@ -513,7 +448,7 @@ GUARD_SAMPLES = [
         "check_index_pick",
         _picked,
         _picked_ref,
-        lambda shape, dtype, g: [randn(shape, dtype, g), targets(shape, g, -100)],
+        lambda shape, dtype, g: [randn(shape, dtype, g), class_ids(shape, g, -100)],
         shapes=((4, 1), (5, 7), (2, 50257)),
     ),
 ]
@@ -547,51 +482,45 @@ def _count(shape: tuple, dims: tuple) -> int:
     return math.prod(shape[d] for d in dims) if shape else 1
 
 
-def _reduce(op: str, dims: tuple, keep: bool, dtypes: tuple, shapes: tuple = ROW_SHAPES):
+def _reduce(op: str, dims: tuple, keep: bool, shapes: tuple = ROW_SHAPES) -> OpSample:
     name = f"{op}_dims{_dims_name(dims)}{'_keep' if keep else ''}"
-    ref = {
-        "sum": lambda x: torch.sum(x, dims, keepdim=keep),
-        "mean": lambda x: torch.mean(x, dims, keepdim=keep),
-        "max": lambda x: torch.amax(x, dims, keepdim=keep),
-        "min": lambda x: torch.amin(x, dims, keepdim=keep),
-    }[op]
+    entry = BY_NAME[op]
     return OpSample(
         name,
         lambda fd, x: getattr(fd.ops, op)(x, dims=list(dims), keepdim=keep),
-        ref,
-        dtypes=dtypes,
+        lambda x: entry.reference(x, dims=list(dims), keepdim=keep),
+        dtypes=entry.dtypes,
         shapes=shapes,
         reduced=lambda s: _count(s, dims),
     )
 
 
-def _reductions(op: str, dtypes: tuple) -> list[OpSample]:
+def _reductions(op: str) -> list[OpSample]:
     return [
-        _reduce(op, (-1,), False, dtypes),
-        _reduce(op, (-1,), True, dtypes),
-        _reduce(op, (0,), False, dtypes),
-        _reduce(op, (0, 1), True, dtypes),
-        _reduce(op, (1,), False, dtypes, SHAPES_3D),
+        _reduce(op, (-1,), False),
+        _reduce(op, (-1,), True),
+        _reduce(op, (0,), False),
+        _reduce(op, (0, 1), True),
+        _reduce(op, (1,), False, SHAPES_3D),
     ]
 
 
 def _var_mean(dims: tuple, correction: int, keep: bool, shapes: tuple) -> OpSample:
     name = f"var_mean_dims{_dims_name(dims)}_c{correction}"
     name += "_keep" if keep else ""
+    kw = {"dims": list(dims), "correction": correction, "keepdim": keep}
     return OpSample(
         name,
-        lambda fd, x: fd.ops.var_mean(x, dims=list(dims), correction=correction, keepdim=keep),
-        lambda x: torch.var_mean(x, dims, correction=correction, keepdim=keep),
+        lambda fd, x: fd.ops.var_mean(x, **kw),
+        lambda x: BY_NAME["var_mean"].reference(x, **kw),
+        dtypes=BY_NAME["var_mean"].dtypes,
         shapes=shapes,
         reduced=lambda s: _count(s, dims),
     )
 
 
 REDUCTION_SAMPLES = [
-    *_reductions("sum", FLOATS + INTS + (BOOL,)),
-    *_reductions("max", FLOATS + INTS),
-    *_reductions("min", FLOATS + INTS),
-    *_reductions("mean", FLOATS),
+    *(s for e in entries("reduction") if e.name != "var_mean" for s in _reductions(e.name)),
     # correction=1 over a single element is 0/0; keep those shapes out of the c1 samples
     _var_mean((-1,), 1, False, ROW_SHAPES[1:]),
     _var_mean((-1,), 0, True, ROW_SHAPES),
@@ -604,25 +533,28 @@ REDUCTION_SAMPLES = [
 def _norm_inputs(weight: bool, bias: bool) -> Inputs:
     def inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
         # an offset mean and a non-unit spread make the centring and scaling matter
-        xs = [(torch.randn(shape, generator=g) * 2 + 3).to(dtype)]
+        xs = [random_operand(SHIFTED, shape, dtype, g)]
         xs += [randn(shape[-1:], dtype, g) for flag in (weight, bias) if flag]
         return xs
 
     return inputs
 
 
+LAYER_NORM, RMS_NORM = BY_NAME["layer_norm"], BY_NAME["rms_norm"]
+
+
 def _layer_norm(weight: bool, bias: bool) -> OpSample:
     name = "layer_norm" + ("_w" if weight else "") + ("_b" if bias else "")
 
-    def build(fd: FusionDefinition, x: Any, *p: Any) -> Any:
+    def params(p: tuple) -> dict[str, Any]:
         it = iter(p)
-        w, b = (next(it) if weight else None), (next(it) if bias else None)
-        return fd.ops.layer_norm(x, weight=w, bias=b, eps=1e-5)
+        return {"weight": next(it) if weight else None, "bias": next(it) if bias else None}
+
+    def build(fd: FusionDefinition, x: Any, *p: Any) -> Any:
+        return fd.ops.layer_norm(x, **params(p), eps=1e-5)
 
     def ref(x: torch.Tensor, *p: torch.Tensor) -> torch.Tensor:
-        it = iter(p)
-        w, b = (next(it) if weight else None), (next(it) if bias else None)
-        return F.layer_norm(x, x.shape[-1:], w, b, eps=1e-5)
+        return LAYER_NORM.reference(x, **params(p), eps=1e-5)
 
     return OpSample(
         name,
@@ -635,46 +567,29 @@ def _layer_norm(weight: bool, bias: bool) -> OpSample:
     )
 
 
-def _acc(x: torch.Tensor) -> torch.Tensor:
-    """x in the dtype ATen accumulates it in: float64 stays, the rest go to float32."""
-    return x if x.dtype == torch.float64 else x.float()
-
-
-def _layer_norm_stats_ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple:
-    # mean and rstd come back in float32 for half inputs, as nvFuser and CUDA ATen give them
-    xf = _acc(x)
-    mean = xf.mean(-1, keepdim=True)
-    rstd = torch.rsqrt(xf.var(-1, correction=0, keepdim=True) + 1e-3)
-    return F.layer_norm(x, x.shape[-1:], w, b, eps=1e-3), mean, rstd
-
-
-def _rms_norm_ref(x: torch.Tensor, *w: torch.Tensor) -> torch.Tensor:
-    return F.rms_norm(x, x.shape[-1:], w[0] if w else None, eps=1e-6)
-
-
 def _cross_entropy(name: str, ignore_index: int, target_dtype: torch.dtype = I64) -> OpSample:
     def inputs(shape: tuple, dtype: torch.dtype, g: torch.Generator) -> list[torch.Tensor]:
-        return [randn(shape, dtype, g, scale=3.0), targets(shape, g, ignore_index, target_dtype)]
+        logits = random_operand(PEAKED, shape, dtype, g)
+        return [logits, class_ids(shape, g, ignore_index, target_dtype)]
 
     def build(fd: FusionDefinition, logits: Any, target: Any) -> Any:
         return fd.ops.cross_entropy(logits, target, ignore_index=ignore_index)
 
     def ref(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(_acc(logits), target.long(), ignore_index=ignore_index)
-        return loss.to(logits.dtype)
+        return BY_NAME["cross_entropy"].reference(logits, target, ignore_index=ignore_index)
 
     shapes = ((4, 1), (5, 7), (3, 5140), (2, 50257))
     return OpSample(name, build, ref, inputs, FLOATS, shapes, reduced=lambda s: s[0] * s[1])
 
 
 def _softmax(op: str, dim: int, shapes: tuple) -> OpSample:
-    ref = torch.softmax if op == "softmax" else torch.log_softmax
+    entry = BY_NAME[op]
     return OpSample(
         f"{op}_dim{_dims_name((dim,))}",
         lambda fd, x: getattr(fd.ops, op)(x, dim=dim),
-        lambda x: ref(x, dim),
-        one(randn, scale=3.0),
-        FLOATS,
+        lambda x: entry.reference(x, dim=dim),
+        operands(entry),
+        entry.dtypes,
         shapes,
         reduced=lambda s: s[dim],
     )
@@ -688,7 +603,7 @@ COMPOSITE_SAMPLES = [
     OpSample(
         "layer_norm_mean_rstd",
         lambda fd, x, w, b: fd.ops.layer_norm(x, w, b, eps=1e-3, return_mean_rstd=True),
-        _layer_norm_stats_ref,
+        lambda x, w, b: LAYER_NORM.reference(x, w, b, eps=1e-3, return_mean_rstd=True),
         _norm_inputs(True, True),
         FLOATS,
         NORM_SHAPES,
@@ -697,7 +612,7 @@ COMPOSITE_SAMPLES = [
     OpSample(
         "layer_norm_static",
         lambda fd, x: fd.ops.layer_norm(x),
-        lambda x: F.layer_norm(x, x.shape[-1:]),
+        LAYER_NORM.reference,
         _norm_inputs(False, False),
         FLOATS,
         ((3, 7), (2, 5140)),
@@ -707,7 +622,7 @@ COMPOSITE_SAMPLES = [
     OpSample(
         "rms_norm",
         lambda fd, x: fd.ops.rms_norm(x),
-        _rms_norm_ref,
+        RMS_NORM.reference,
         _norm_inputs(False, False),
         FLOATS,
         NORM_SHAPES,
@@ -716,18 +631,18 @@ COMPOSITE_SAMPLES = [
     OpSample(
         "rms_norm_w",
         lambda fd, x, w: fd.ops.rms_norm(x, w),
-        _rms_norm_ref,
+        RMS_NORM.reference,
         _norm_inputs(True, False),
         FLOATS,
         NORM_SHAPES,
         reduced=_last,
     ),
-    OpSample("gelu", lambda fd, x: fd.ops.gelu(x), F.gelu, one(randn, scale=3.0)),
+    _sample(BY_NAME["gelu"]),
     OpSample(
         "gelu_tanh",
         lambda fd, x: fd.ops.gelu(x, approximate="tanh"),
-        lambda x: F.gelu(x, approximate="tanh"),
-        one(randn, scale=3.0),
+        lambda x: BY_NAME["gelu"].reference(x, approximate="tanh"),
+        operands(BY_NAME["gelu"]),
     ),
     _softmax("softmax", -1, ROW_SHAPES),
     _softmax("softmax", 0, ROW_SHAPES),

@@ -20,6 +20,7 @@ import torch
 
 from fuser import FusionDefinition
 from fuser.config import config, use_interpreter
+from fuser.frontend.registry import ENTRIES
 from fuser.fuzz.check import compare
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -77,8 +78,8 @@ def inputs_for(op: str, x: torch.Tensor) -> list[torch.Tensor]:
     return [x, randn(cols, dtype=x.dtype, seed=1), randn(cols, dtype=x.dtype, seed=2)]
 
 
-ROW_OPS = ["softmax", "log_softmax", "layer_norm", "rms_norm", "var_mean", "sum", "mean"]
-ROW_OPS += ["max", "min"]
+# the reductions and normalizations of the frontend op table, each over a row's last dim
+ROW_OPS = [e.name for e in ENTRIES if e.kind in ("reduction", "normalization")]
 # persistent rows (a tail chunk at 5140) and a looped one
 COLS = [pytest.param(1000, id="1000"), pytest.param(5140, id="5140")]
 COLS += [pytest.param(50257, id="50257", marks=pytest.mark.slow)]

@@ -44,10 +44,9 @@ def test_claims_come_from_the_lowering_tables():
     assert claims["native_layer_norm_backward"].forward == "layer_norm"
     assert BY_NAME["nn.functional.gelu"].grad  # gelu_backward is claimed: grads compared
     assert not BY_NAME["abs"].grad
-    # claimed ops no OpInfo exercises: views, casts and detach, which test_dynamo covers,
-    # and F.rms_norm's fused ops, which test_views covers
+    # claimed ops no OpInfo exercises: views, casts and detach, which test_dynamo covers
+    # (F.rms_norm's fused ops: nn.functional.rms_norm, from the frontend op table)
     allowed = {"_unsafe_view", "alias", "convert_element_type", "detach"}
-    allowed |= {"_fused_rms_norm", "_fused_rms_norm_backward"}
     # fuser's own one-pass cross-entropy's backward, which test_cross_entropy_one_pass covers
     allowed |= {"cross_entropy_grad"}
     assert set(NO_OPINFO) <= allowed, NO_OPINFO

@@ -2,7 +2,9 @@
 
 - generator.py: hypothesis strategies for valid fusions (`fuzz_cases(CPU | GPU)`): the
   domain and the sequence of patterns
-- patterns.py: the patterns of ops a case is drawn from, and the draft case they grow
+- patterns.py: the patterns of ops a case is drawn from (each group's ops and their
+  domains from the frontend op table, fuser/frontend/registry.py), and the draft case
+  they grow
 - case.py: a case as data; building it, its inputs in a layout, its runnable repro
 - reference.py: the float64 references (eager's roundings, perturbed, comparisons turned)
 - check.py: tolerances and the comparison of fuser's outputs against the references

@@ -6,9 +6,10 @@ as small patterns over the values made so far (chains, and DAGs where an older v
 is picked again): unary, binary with tensors or Python scalars, comparisons feeding
 where(), casts and cast round trips, reductions over the last dim, the leading dims,
 all dims or one odd dim, normalization-like reduce -> broadcast back -> combine, and
-the composites (softmax, layer_norm, rms_norm, var_mean, gelu). Ops with a restricted
-domain (log, sqrt, rsqrt, reciprocal, pow, division) get a positive operand
-(abs(x) + c), so a NaN in the result always comes from a NaN or inf in the data.
+the composites (softmax, layer_norm, rms_norm, var_mean, gelu), each group's ops as the
+frontend op table (fuser/frontend/registry.py) lists them. An operand whose domain the
+table restricts (log's, sqrt's, a divisor, pow's) gets abs(x) + c, so a NaN in the
+result always comes from a NaN or inf in the data.
 
 Choices are ordered simplest first, so shrinking moves toward small, short, float32,
 contiguous cases.

@@ -13,17 +13,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from hypothesis import strategies as st
 
+from fuser.frontend.registry import BY_NAME, EXPONENT, NONZERO, drawn
 from fuser.fuzz.case import LAYOUTS, InputSpec, Ref, Step
 from fuser.ir.dtypes import dtype_of, promote
 
 FLOATS = ("float32", "float16", "bfloat16")
-UNARY_ANY = ("neg", "abs", "relu", "exp", "tanh", "sigmoid", "erf", "sin", "cos", "exp2")
-UNARY_STEP = ("floor", "ceil")
-UNARY_POSITIVE = ("log", "sqrt", "rsqrt", "reciprocal", "log2", "log1p")
-BINARY = ("add", "sub", "mul", "maximum", "minimum", "div", "pow")
-COMPARE = ("gt", "lt", "ge", "le", "eq", "ne")
+# each group's ops, from the frontend op table (fuser/frontend/registry.py) in its order
+UNARY = drawn("unary")
+BINARY = drawn("binary")
+COMPARE = drawn("compare")
+LOGICAL = drawn("logical")
+REDUCE = drawn("reduce")
+COMPOSITE = drawn("composite")
 SCALARS = (1.0, 0.5, -1.0, 2.0, 0.0, 3.0, -0.25, 1e-3, 100.0, 1.3, 0.1)
 
 
@@ -141,7 +145,7 @@ class Draft:
 
     # -- small helpers ------------------------------------------------------------
     def positive(self, i: int) -> int:
-        """abs(x) + c: an operand log/sqrt/rsqrt/division/pow are defined on."""
+        """abs(x) + c: an operand for a restricted domain (log's, a divisor, pow's)."""
         v = self.vals[i]
         if not v.shape:  # exp(tanh(x)): no Python scalar next to a rank-0 tensor (see above)
             t = self.emit("tanh", (Ref(i),), {}, [_V(v.shape, v.axes, v.dtype)])
@@ -173,8 +177,8 @@ def _binary_dtype(d: Draft, idx: list[int], scalars: int = 0) -> str:
 # -- patterns ---------------------------------------------------------------------------
 def _unary(d: Draft) -> None:
     i = d.pick_float()
-    op = d.draw(st.sampled_from(UNARY_ANY + UNARY_POSITIVE + UNARY_STEP))
-    if op in UNARY_POSITIVE:
+    op = d.draw(st.sampled_from(UNARY))
+    if BY_NAME[op].domains[0].restricted:
         i = d.positive(i)
     v = d.vals[i]
     d.emit(op, (Ref(i),), {}, [_V(v.shape, v.axes, v.dtype)])
@@ -182,10 +186,11 @@ def _unary(d: Draft) -> None:
 
 def _binary_on(d: Draft, a: int, b: int) -> None:
     op = d.draw(st.sampled_from(BINARY))
-    if op in ("div", "pow"):
+    lhs, rhs = BY_NAME[op].domains
+    if rhs.restricted:
         b = d.positive(b)
-        if op == "pow":
-            a = d.positive(a)
+    if lhs.restricted:
+        a = d.positive(a)
     # a rank-0 tensor and a tensor: the rank-0 one takes the scalar's part in promotion
     (a, b), shape, axes = d.align([a, b])
     d.emit(op, (Ref(a), Ref(b)), {}, [_V(shape, axes, _binary_dtype(d, [a, b]))])
@@ -203,14 +208,16 @@ def _binary_scalar(d: Draft) -> None:
     if not v.shape:  # f16[] * 0.5 is a known promotion gap (the test_ir_ops xfail)
         return _unary(d)
     op = d.draw(st.sampled_from(BINARY))
+    rhs = BY_NAME[op].domains[1]
     s = d.scalar()
-    if op == "pow":
+    if rhs == EXPONENT:  # a power: integer ones of any base, the others of a positive one
         s = d.draw(st.sampled_from((2.0, 3.0, 0.5, -1.0, 1.5)))
         if s not in (2.0, 3.0):
             a = d.positive(a)
-    if op == "div" and s == 0.0:
+    if rhs == NONZERO and s == 0.0:
         s = 4.0
-    args = (Ref(a), s) if d.draw(st.booleans()) or op in ("pow", "div") else (s, Ref(a))
+    # the scalar takes the restricted operand's place (a divisor, an exponent)
+    args = (Ref(a), s) if d.draw(st.booleans()) or rhs.restricted else (s, Ref(a))
     d.emit(op, args, {}, [_V(v.shape, v.axes, v.dtype)])
 
 
@@ -275,7 +282,7 @@ def _reduce(d: Draft) -> None:
         return _unary(d)
     dims = _reduce_dims(d, v)
     keep = d.draw(st.booleans())
-    op = d.draw(st.sampled_from(("sum", "max", "min", "mean", "var_mean")))
+    op = d.draw(st.sampled_from(REDUCE))
     shape, axes = _reduced(v, dims, keep)
     if op == "var_mean":
         kwargs = {"dims": dims, "correction": d.draw(st.sampled_from((1, 0))), "keepdim": keep}
@@ -376,21 +383,21 @@ def _where(d: Draft) -> None:
 
 def _logical(d: Draft) -> None:
     a = _compare(d)
-    how = d.draw(st.sampled_from(("and", "or", "not", "isnan", "cast")))
+    op = d.draw(st.sampled_from(LOGICAL + ("cast",)))
     v = d.vals[a]
-    if how == "not":
-        d.emit("logical_not", (Ref(a),), {}, [_V(v.shape, v.axes, "bool")])
-    elif how == "isnan":
-        x = d.pick_float()
-        xv = d.vals[x]
-        d.emit("isnan", (Ref(x),), {}, [_V(xv.shape, xv.axes, "bool")])
-    elif how == "cast":  # a count or a mask as numbers, as cross_entropy does
+    if op == "cast":  # a count or a mask as numbers, as cross_entropy does
         dtype = d.draw(st.sampled_from(FLOATS))
         d.emit("cast", (Ref(a),), {"dtype": dtype}, [_V(v.shape, v.axes, dtype)])
-    else:
+    elif BY_NAME[op].arity == 2:  # of two comparisons
         b = _compare(d)
         (a, b), shape, axes = d.align([a, b])
-        d.emit(f"logical_{how}", (Ref(a), Ref(b)), {}, [_V(shape, axes, "bool")])
+        d.emit(op, (Ref(a), Ref(b)), {}, [_V(shape, axes, "bool")])
+    elif BY_NAME[op].dtypes == (torch.bool,):  # of the comparison
+        d.emit(op, (Ref(a),), {}, [_V(v.shape, v.axes, "bool")])
+    else:  # a predicate of a float value
+        x = d.pick_float()
+        xv = d.vals[x]
+        d.emit(op, (Ref(x),), {}, [_V(xv.shape, xv.axes, "bool")])
 
 
 def _cast(d: Draft) -> None:
@@ -407,7 +414,7 @@ def _composite(d: Draft) -> None:
     v = d.vals[i]
     if not v.shape:
         return _unary(d)
-    op = d.draw(st.sampled_from(("softmax", "layer_norm", "gelu", "log_softmax", "rms_norm")))
+    op = d.draw(st.sampled_from(COMPOSITE))
     same = [_V(v.shape, v.axes, v.dtype)]
     if op in ("softmax", "log_softmax"):
         dim = -1 if d.draw(st.integers(0, 3)) else d.draw(st.integers(0, len(v.shape) - 1))
@@ -416,9 +423,8 @@ def _composite(d: Draft) -> None:
         d.emit(op, (Ref(i),), {"approximate": d.draw(st.sampled_from(("none", "tanh")))}, same)
     else:
         last = (v.axes[-1],)
-        params = ("weight",) if op == "rms_norm" else ("weight", "bias")
         kwargs: dict[str, Any] = {}
-        for p in params:
+        for p in BY_NAME[op].params:
             if d.draw(st.booleans()):
                 kwargs[p] = Ref(d.new_input(last, v.dtype, ones=(0,) if v.shape[-1] == 1 else ()))
         if op == "layer_norm" and d.draw(st.integers(0, 3)) == 0:

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 
 import torch
 
+from fuser.frontend.registry import ENTRIES
 from fuser.ir.evaluate import constant_ids, eval_node
 from fuser.ir.graph import Graph, Node
-from fuser.ir.ops import COMPOSITE, REDUCE, Op
+from fuser.ir.ops import COMPARE, COMPOSITE, REDUCE, Op
 
 PERTURB_ULPS = {torch.float32: 16.0, torch.float16: 2.0, torch.bfloat16: 2.0}
 # a comparison's operands and result, by the id of its result (`reference(record=...)`)
@@ -33,8 +34,10 @@ def _narrowing(node: Node) -> bool:
 
 
 # ops whose GPU versions may err by an amount absolute rather than relative to the
-# result (log(1 + tiny) from an approximate log2; sin/cos near their zeros)
-ABSOLUTE_ERROR = frozenset({Op.LOG, Op.LOG2, Op.LOG1P, Op.SIN, Op.COS, Op.ERF})
+# result (log(1 + tiny) from an approximate log2; sin/cos near their zeros), and those
+# whose argument is uncertain too (sin(1e30)): the op table's `error`
+ABSOLUTE_ERROR = frozenset(e.op for e in ENTRIES if e.error in ("absolute", "argument"))
+MOVED_ARGUMENT = frozenset(e.op for e in ENTRIES if e.error == "argument")
 
 
 def _moved(
@@ -85,9 +88,6 @@ def _rms_norm_definition(node: Node, args: list[torch.Tensor]) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-COMPARISONS = frozenset({Op.EQ, Op.NE, Op.GE, Op.LE, Op.GT, Op.LT})
-
-
 def reference(
     graph: Graph,
     inputs: Sequence[torch.Tensor],
@@ -130,7 +130,7 @@ def reference(
         args = [env[v.id] for v in node.inputs]
         if seed is not None and (node.op in REDUCE or node.op in COMPOSITE):
             args = [_moved(a, eps32, sign, g) if a.is_floating_point() else a for a in args]
-        if seed is not None and (node.op in (Op.SIN, Op.COS) or _narrowing(node)):
+        if seed is not None and (node.op in MOVED_ARGUMENT or _narrowing(node)):
             # the operand moves, in this run's direction: the value about to round is a
             # few float32 ulps off on a GPU (exp, division), and sin's argument too; moving
             # the result instead cancels against the operand's own move wherever the op
@@ -142,7 +142,7 @@ def reference(
             outs = _eval(node, args, device, constants)
             if wide:
                 outs = [o.double() if o.is_floating_point() else o for o in outs]
-        if node.op in COMPARISONS:
+        if node.op in COMPARE:
             if flips and node.out.id in flips:
                 mask, value = (t.to(outs[0].device) for t in flips[node.out.id])
                 outs = [torch.where(mask, value, outs[0])]

@@ -6,7 +6,8 @@ compiled with torch.compile(backend=FuserBackend()) and compared with eager.
     python -m fuser.opdb --device cuda                     # on a GPU
     python -m fuser.opdb --shard 0/4 --json s0.json        # a quarter of the targets
 
-claims.py: the claimed ops (from the lowering tables) and the OpInfos that exercise them;
+claims.py: the claimed ops (from the lowering tables) and the OpInfos that exercise them
+(by name, or as the frontend op table, fuser/frontend/registry.py, lists them);
 run.py: one sample compiled vs eager, counted as passed (a fused region ran and matched),
 fallback (everything stayed ATen, with the reasons), failed (a wrong result or an error).
 """

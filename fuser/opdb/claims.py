@@ -4,8 +4,11 @@ The claims come from the code: the lowering table (`LOWERINGS`, filled by the lo
 modules) and the ops the backend decomposes before lowering (`decompositions()`). An
 OpInfo exercises a claimed op when its name, its last dotted name part or its aten_name is
 the op's forward name: `native_layer_norm` -> `layer_norm`, `nll_loss_forward` ->
-`nll_loss`, `gelu_backward` -> `gelu` (run with gradients). A few OpInfos are named after
-the Python API rather than the ATen op they become (ALSO).
+`nll_loss`, `gelu_backward` -> `gelu` (run with gradients). Some OpInfos carry another
+name (ALSO): those the frontend op table (fuser/frontend/registry.py) lists for the ATen
+ops that reach a frontend op (`x.double()` is _to_copy, relu's gradient is
+threshold_backward, F.rms_norm is _fused_rms_norm), and those of the views (expand, view,
+reshape), which have no entry there.
 """
 
 from __future__ import annotations
@@ -15,14 +18,22 @@ from typing import Any
 
 import torch
 
-# OpInfo names for ATen ops whose OpInfo carries the Python name (`x.double()` is _to_copy)
-ALSO = {
-    "to_copy": ("to", "double", "float", "half", "bfloat16", "type_as"),
-    "expand": ("expand_as", "broadcast_to"),
-    "view": ("view_as",),
-    "reshape": ("reshape_as",),
-    "threshold": ("nn.functional.relu",),  # relu's gradient is threshold_backward
-}
+from fuser.frontend.registry import ENTRIES
+
+# the views' OpInfos named after the Python API (the op table has no entry for a view)
+VIEWS = {"expand": ("expand_as", "broadcast_to"), "view": ("view_as",), "reshape": ("reshape_as",)}
+
+
+def _also() -> dict[str, tuple[str, ...]]:
+    also = dict(VIEWS)
+    for e in ENTRIES:
+        for a in e.aten:
+            also[a] = also.get(a, ()) + e.opdb
+    return also
+
+
+# claimed ATen op (base name or forward name) -> the OpInfos that exercise it
+ALSO = _also()
 
 
 def _random(opinfo: Any) -> bool:
@@ -110,8 +121,9 @@ def targets(ops: list[str] | None = None) -> tuple[list[Target], list[str]]:
     chosen: dict[int, Target] = {}
     orphans = []
     for c in claims.values():
-        names = {c.name, c.forward, *ALSO.get(c.forward, ())}
-        infos = [o for n in names for o in by_key.get(n, [])]
+        names = {c.name, c.forward, *ALSO.get(c.name, ()), *ALSO.get(c.forward, ())}
+        # one OpInfo may answer to several of the names
+        infos = list({id(o): o for n in names for o in by_key.get(n, [])}.values())
         if not infos:
             orphans.append(c.name)
         for o in infos:
