@@ -277,10 +277,9 @@ def test_triton_tiles_share_one_layout_at_several_rows_a_step() -> None:
 # (sm_90) by more than max(15%, 8 registers). Exact: a model that gets one right must take
 # it out, one that newly misses fails.
 INNER_OUTER_SWEEP = (768, 1600, 4096, 8192)
-INNER_OUTER_MISSES = {
-    "cuda": {8192: "est 108, ptxas 128"},
-    "triton": {1600: "est 101, ptxas 127"},
-}
+# (none since the model priced the Triton tail's layout and CUDA's hoisted fp32 w: Triton
+# 1600 est 110 vs ptxas 127, CUDA 8192 est 124 vs 128)
+INNER_OUTER_MISSES: dict[str, dict[int, str]] = {"cuda": {}, "triton": {}}
 
 
 @pytest.mark.parametrize("backend_name", ["triton", "cuda"])
