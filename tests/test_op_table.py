@@ -22,8 +22,6 @@ from fuser.frontend.registry import (
     ENTRIES,
     ERRORS,
     FLOATS,
-    I32,
-    I64,
     KINDS,
     STRUCTURAL,
     OpEntry,
@@ -93,11 +91,6 @@ def _call_id(call: dict) -> str:
 
 
 # bugs this test found that fuser/codegen has yet to fix
-_INT_POW = pytest.mark.xfail(
-    strict=True,
-    reason="known: the Triton renderer calls libdevice pow (float32/float64 only) on integer "
-    "operands ('Expected dtype fp32, fp64 but got int32'); the evaluator's torch.pow is fine",
-)
 _LOG_SOFTMAX_LANES = pytest.mark.xfail(
     use_interpreter(),
     strict=True,
@@ -105,8 +98,7 @@ _LOG_SOFTMAX_LANES = pytest.mark.xfail(
     "tile, so the masked-off lanes past the last column compute log(0) (the values stored "
     "are right; config.fp_warnings makes the interpreter's warning an error)",
 )
-KNOWN = {("pow", I32, "plain"): _INT_POW, ("pow", I64, "plain"): _INT_POW}
-KNOWN |= {("log_softmax", d, "dim0"): _LOG_SOFTMAX_LANES for d in FLOATS}
+KNOWN = {("log_softmax", d, "dim0"): _LOG_SOFTMAX_LANES for d in FLOATS}
 
 
 def _cases() -> list:
