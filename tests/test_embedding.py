@@ -78,6 +78,29 @@ def test_gathered_table_is_read_in_16_byte_packs_when_aligned():
     assert "< 64ull" in k.source  # the load is masked by the index's range
 
 
+@pytest.mark.parametrize("idtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("v, bits", [(64, 32), (2**21 + 1, 64)])
+def test_gathered_row_offset_bits_are_the_plans(v, bits, idtype):
+    """plan.gather_bits decides once whether a gathered row's offset (index * row stride)
+    needs 64 bits: a table of 2**31 elements or more, however few rows the kernel has
+    (its index_bits stays 32); both renderers print it (meta tensors: nothing allocated)."""
+    h = 1024
+    fd = _emb_ln(v, h, [8], torch.float32, idtype)
+    args = [torch.empty(v, h, device="meta"), torch.empty(8, dtype=idtype, device="meta")]
+    args.append(torch.empty(8, h, device="meta"))
+    for backend in ("triton", "cuda"):
+        (k,) = fd.compile(args, "h100", backend)
+        assert k.plan.gather_bits == (("t0", bits),) and k.plan.index_bits == 32
+        src = k.source
+        if backend == "triton":
+            assert ("t0_at = t0_at.to(tl.int64)" in src) == (bits == 64 and idtype == torch.int32)
+        else:
+            at = {64: "(long long)t1_ptr[", 32: "(int)t1_ptr[" if idtype == torch.int64 else ""}
+            assert at[bits] in src, src
+            assert ("(long long)t1_ptr[" in src) == (bits == 64), src
+    assert ("64-bit gathered row offsets: t0" in k.plan.text()) == (bits == 64)
+
+
 @pytest.mark.parametrize("bad", [64, -1])
 def test_index_out_of_range_raises(backend, bad):
     fd = _emb_ln(64, 8, [2, 3], torch.float32, torch.int64)

@@ -14,16 +14,12 @@ import torch
 from op_registry import output_tolerance
 
 from fuser import FusionDefinition
-from fuser.config import use_interpreter
 from fuser.frontend.ops import Ops
 from fuser.frontend.registry import (
     BY_NAME,
     BY_OP,
     ENTRIES,
     ERRORS,
-    FLOATS,
-    I32,
-    I64,
     KINDS,
     STRUCTURAL,
     OpEntry,
@@ -92,21 +88,10 @@ def _call_id(call: dict) -> str:
     return "_".join(parts) or "plain"
 
 
-# bugs this test found that fuser/codegen has yet to fix
-_INT_POW = pytest.mark.xfail(
-    strict=True,
-    reason="known: the Triton renderer calls libdevice pow (float32/float64 only) on integer "
-    "operands ('Expected dtype fp32, fp64 but got int32'); the evaluator's torch.pow is fine",
-)
-_LOG_SOFTMAX_LANES = pytest.mark.xfail(
-    use_interpreter(),
-    strict=True,
-    reason="known: log_softmax over dim 0 takes the log of the column sums over the whole "
-    "tile, so the masked-off lanes past the last column compute log(0) (the values stored "
-    "are right; config.fp_warnings makes the interpreter's warning an error)",
-)
-KNOWN = {("pow", I32, "plain"): _INT_POW, ("pow", I64, "plain"): _INT_POW}
-KNOWN |= {("log_softmax", d, "dim0"): _LOG_SOFTMAX_LANES for d in FLOATS}
+# bugs this test found that fuser/codegen has yet to fix: (name, dtype, call id) -> a
+# strict xfail mark saying what is known (none now: integer pow and log_softmax's masked
+# lanes over dim 0 were the last, fixed)
+KNOWN: dict[tuple, pytest.MarkDecorator] = {}
 
 
 def _cases() -> list:

@@ -119,6 +119,11 @@ def _scalar_as_operand_dtype(x: Any, other: Any) -> Any:
     return x
 
 
+def _negative_int(x: Any) -> bool:
+    """A Python int below 0 (not a bool, not a float)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x < 0
+
+
 class GraphBuilder:
     """Collects nodes in definition order; `graph()` freezes them into a Graph."""
 
@@ -206,6 +211,17 @@ class GraphBuilder:
     def binary(self, op: Op, a: Any, b: Any) -> Tensor:
         if op in (Op.ADD, Op.SUB):
             a, b = (_scalar_as_operand_dtype(x, y) for x, y in ((a, b), (b, a)))
+        if (
+            op == Op.POW
+            and _negative_int(b)
+            and isinstance(a, Tensor)
+            and not a.value.dtype.is_float
+        ):
+            # as torch.pow; a tensor exponent's negative elements give torch's 1, +-1 or 0
+            raise DefinitionError(
+                f"pow: {a.name} is {a.value.dtype.short} and its exponent {b}: integers to "
+                "negative integer powers are not allowed (as in torch)"
+            )
         a, b = self.operand(op, a, 0), self.operand(op, b, 1)
         if a.ndim and b.ndim:
             shape = broadcast_shapes(op, a.value, b.value)

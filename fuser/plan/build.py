@@ -113,6 +113,17 @@ def _workspaces(spec: KernelSpec, s: Schedule) -> tuple[Workspace, ...]:
     )
 
 
+def gather_bits(spec: KernelSpec) -> tuple[tuple[str, int], ...]:
+    """Each gathered table's row offset width: 64 bits where the offsets of its `bound`
+    rows reach 2**31 (the threshold of the kernel's index_bits), else 32."""
+    args = {a.value.id: a for a in spec.args}
+    out = []
+    for tid, g in spec.gathers.items():
+        table = args[tid]
+        out.append((table.name, 64 if table.extent(g.bound, spec.cols) >= 2**31 - 1 else 32))
+    return tuple(out)
+
+
 def _common(spec: KernelSpec, s: Schedule, **fields: object) -> KernelPlan:
     base: dict = dict(
         kind=s.kind,
@@ -133,6 +144,7 @@ def _common(spec: KernelSpec, s: Schedule, **fields: object) -> KernelPlan:
         row_guard=not s.even_rows,
         col_guard=spec.cols % s.chunk != 0,
         packs=_packs(spec, {s.vector}),
+        gather_bits=gather_bits(spec),
         spec=spec,
         schedule=s,
     )

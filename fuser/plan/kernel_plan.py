@@ -166,6 +166,11 @@ class KernelPlan:
     epilogue: tuple[Node, ...] = ()
     finalize_cols: int = 0
     column_rows_shared: int = 0
+    # each gathered table's name and the bits of its row offset (index * row stride): 64
+    # where the table's offsets reach 2**31, whatever index_bits says (that bounds the
+    # kernel's own rows, not the table's: an embedding of 2**31 elements gathered by 8
+    # rows); else 32. A renderer widens the loaded index to it before the multiply.
+    gather_bits: tuple[tuple[str, int], ...] = ()
     spec: KernelSpec = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     schedule: Schedule = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
@@ -199,6 +204,10 @@ class KernelPlan:
             if name == a.name and w == width:
                 return p
         raise KeyError(f"the plan has no access width for {a.name} in a slot of {width}")
+
+    def gather_index_bits(self, table: Arg) -> int:
+        """The bits of gathered `table`'s row offset (gather_bits)."""
+        return dict(self.gather_bits)[table.name]
 
     def kept_by(self, index: int) -> set[int]:
         return {vid for vid, d in self.kept if d == index}
@@ -282,6 +291,9 @@ class KernelPlan:
                     else ""
                 )
             )
+        wide = [name for name, bits in self.gather_bits if bits == 64]
+        if wide:
+            lines.append(f"  64-bit gathered row offsets: {', '.join(wide)}")
         for ws in self.workspaces:
             lines.append(f"  workspace {ws.name}: {self.split_rows} x {self.cols} {ws.dtype.value}")
         if self.column_rows_shared:

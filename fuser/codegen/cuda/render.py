@@ -110,11 +110,19 @@ class CudaKernelWriter(CudaExpressions):
             terms.append("col" if a.col_stride == 1 else f"col * {a.col_stride}")
         return " + ".join(terms) or "0"
 
-    def gather_at(self, table: Arg) -> str:
-        """The table row a gathered load reads at the scope's `row`: its index, read
-        through the const __restrict__ pointer (ptxas loads it once per slot and row)."""
+    def gather_index(self, table: Arg) -> str:
+        """The index element naming the row of `table` at the scope's `row`, read through
+        the const __restrict__ pointer (ptxas loads it once per slot and row)."""
         index = self.spec.gathers[table.value.id].index
-        return f"(long long){index.name}_ptr[{self.offset(index)}]"
+        return f"{index.name}_ptr[{self.offset(index)}]"
+
+    def gather_at(self, table: Arg) -> str:
+        """The table row a gathered load reads, in the plan's bits for its row offset (a
+        narrowed int64 index is in range: the load is guarded by its check)."""
+        ix, index = self.gather_index(table), self.spec.gathers[table.value.id].index
+        if self.s.gather_index_bits(table) == 64:
+            return f"(long long){ix}"
+        return ix if index.dtype.itemsize == 4 else f"(int){ix}"
 
     def access(self, a: Arg, width: int, arr: str, load: bool) -> list[str]:
         """Statements moving `width` elements between `a` at (row, col) and array `arr`."""
@@ -181,7 +189,7 @@ class CudaKernelWriter(CudaExpressions):
             parts.append(region.col_ok)
         g = self.spec.gathers.get(a.value.id)
         if g is not None:  # never a read at a bad index (its check_index reports it)
-            parts.append(f"(unsigned long long){self.gather_at(a)} < {g.bound}ull")
+            parts.append(f"(unsigned long long){self.gather_index(a)} < {g.bound}ull")
         return " && ".join(parts) or None
 
     def guarded(self, cond: str | None, stmts: list[str]) -> None:

@@ -166,7 +166,11 @@ BINARY: dict[Op, E] = {
         if ct in ("float", "double")
         else f"({a} / {b})"
     ),
-    Op.POW: lambda a, b, ct: f"pow{'f' if ct == 'float' else ''}({a}, {b})",
+    Op.POW: lambda a, b, ct: (
+        f"ipow<{ct}>({a}, {b})"
+        if ct in ("int", "long long")
+        else f"pow{'f' if ct == 'float' else ''}({a}, {b})"
+    ),
     Op.MAXIMUM: lambda a, b, ct: f"max_nan({a}, {b})",
     Op.MINIMUM: lambda a, b, ct: f"min_nan({a}, {b})",
     Op.EQ: lambda a, b, ct: f"({a} == {b})",
@@ -328,6 +332,20 @@ __device__ __forceinline__ void column_reduce(T (&acc)[V], F f, T* part) {
         __syncthreads();
     }
 }""",
+    "ipow": r"""
+// integer a**b as torch computes it: exact, wrapping around in T (pow would go through
+// double, whose 53 bits hold no 3**40), by squaring over the bits of b, in unsigned math
+// (signed overflow is undefined in C++); a negative b gives 1 for a = 1, +-1 for a = -1
+// as b is even or odd, 0 else
+template <typename T> __device__ __forceinline__ T ipow(T a, T b) {
+    if (b < 0) return a == 1 ? T(1) : a == -1 ? T((b & 1) ? -1 : 1) : T(0);
+    unsigned long long r = 1, sq = static_cast<unsigned long long>(a);
+    for (; b != 0; b >>= 1) {
+        if (b & 1) r *= sq;
+        sq *= sq;
+    }
+    return static_cast<T>(r);
+}""",
     "index_error": r"""
 // A bad index (fuser/runtime/checks.py); called only for one, so a good index costs its
 // compare. The smallest bad element wins: its index keys both 32-bit halves of its
@@ -359,6 +377,7 @@ HELPER_ORDER = [
     "warp_reduce",
     "row_reduce",
     "column_reduce",
+    "ipow",
     "index_error",
 ]
 
@@ -373,6 +392,7 @@ HELPER_MARKERS = {
     "warp_reduce": ("warp_reduce<",),
     "row_reduce": ("row_reduce<",),
     "column_reduce": ("column_reduce<",),
+    "ipow": ("ipow<",),
     "index_error": ("index_error(",),
 }
 

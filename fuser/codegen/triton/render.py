@@ -183,7 +183,7 @@ class TritonKernelWriter:
             m = ", mask=row_ok, other=0" if self.row_mask and rows == "rows" else ""
             self.w.comment(f"{table.name}'s rows at {index.name} (gather_rows), once a row")
             self.w.line(f"{at} = tl.load({index.name}_ptr + {off}{m})")
-            if table.row_stride * g.bound >= 2**31 and index.dtype.itemsize < 8:
+            if self.s.gather_index_bits(table) == 64 and index.dtype.itemsize < 8:
                 self.w.line(f"{at} = {at}.to(tl.int64)")
             self.w.line(f"{at}_ok = ({at} >= 0) & ({at} < {g.bound})")
 

@@ -161,6 +161,22 @@ def pow_(a, b):
     one = (a == 1.0) | (b == 0) | ((a == -1.0) & (tl.abs(b) == POS_INF))
     return tl.where(one, 1.0, r)
 """,
+    "ipow_": """@triton.jit
+def ipow_(a, b):
+    # integer a**b as torch computes it: exact, wrapping around in the integer type (pow_
+    # goes through float64, whose 53 bits hold no 3**40), by squaring over the bits of
+    # b; a negative b gives 1 for a = 1, +-1 for a = -1 as b is even or odd, 0 else
+    a, b = tl.broadcast(a, b)
+    e = tl.where(b < 0, 0, b)
+    r = tl.full(a.shape, 1, a.dtype)
+    sq = a
+    for _ in range(a.dtype.primitive_bitwidth - 1):
+        r = tl.where((e & 1) != 0, r * sq, r)
+        sq = sq * sq
+        e = e >> 1
+    neg = tl.where(a == 1, 1, tl.where(a == -1, 1 - 2 * (b & 1), 0)).to(a.dtype)
+    return tl.where(b < 0, neg, r)
+""",
 }
 
 
@@ -178,6 +194,8 @@ FLOAT64: dict[Op, E] = {
 
 def render_op(op: Op, args: list[str], dtype: DType | None = None) -> str:
     """`op` of the expressions `args`, computed in `dtype`."""
+    if op == Op.POW and dtype in (DType.int32, DType.int64):
+        return f"ipow_({args[0]}, {args[1]})"
     if dtype == DType.float64 and op in FLOAT64:
         return FLOAT64[op](*args)
     if op in UNARY:
