@@ -26,6 +26,7 @@ import torch
 from fuser.bench.cases import OPS
 from fuser.bench.report import header, line, plot, regret, regret_summary, write_jsonl
 from fuser.bench.run import Options, run
+from fuser.bench.training_run import main as training_main
 from fuser.config import config
 
 
@@ -141,8 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     suite = argparse.ArgumentParser(add_help=False)
     suite.add_argument("--suite", default="kernels")
     if suite.parse_known_args(argv)[0].suite == "training":
-        from fuser.bench.training_run import main as training_main
-
         return training_main(argv)
     args = parser().parse_args(argv)
     smoke = args.cpu_smoke

@@ -8,6 +8,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from fuser.bench.targets import targets_table
+
 
 def header() -> str:
     """The terminal table's header row."""
@@ -148,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m fuser.bench.report RESULTS.jsonl...`: issue 20's targets table of training
     runs (python -m fuser.bench --suite training; several files are read as one run), or
     the regret summary of a sweep."""
-    from fuser.bench.targets import targets_table
-
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         print("usage: python -m fuser.bench.report RESULTS.jsonl [MORE.jsonl ...]")

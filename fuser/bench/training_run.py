@@ -27,9 +27,12 @@ from pathlib import Path
 import torch
 
 from fuser.bench import training_measure as tm
+from fuser.bench.measure import copy_gbps
+from fuser.bench.run import meta as kernel_meta
 from fuser.bench.targets import targets_table
 from fuser.bench.training import OPS, VARIANTS, Inputs, TrainCase, cases
 from fuser.config import config
+from fuser.dynamo import FuserBackend
 
 IMPLS = ["eager", "compile", "liger", "quack", "fuser-triton", "fuser-cuda"]
 CPU_IMPLS = ["eager", "fuser-triton"]
@@ -79,8 +82,6 @@ def build(case: TrainCase, name: str, inp: Inputs, cpu: bool) -> Impl | str:
         torch._dynamo.reset()
         return Impl(torch.compile(case.fn, dynamic=False))
     if name.startswith("fuser-"):
-        from fuser.dynamo import FuserBackend
-
         torch._dynamo.reset()
         backend = FuserBackend()
         return Impl(torch.compile(case.fn, backend=backend, dynamic=False), backend=backend)
@@ -222,8 +223,6 @@ def line(r: dict) -> str:
 def meta() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
-    from fuser.bench.run import meta as kernel_meta
-
     info = kernel_meta()
     for peer, dist in (("liger", "liger-kernel"), ("quack", "quack-kernels")):
         try:
@@ -247,8 +246,6 @@ def run(
 ) -> list[str]:
     """Run every case not in `done`; those left when `deadline` (perf_counter) passed are
     returned by name, not run."""
-    from fuser.bench.measure import copy_gbps
-
     todo = list(cases(opts.ops, opts.shapes, opts.variants, tiny=opts.cpu))
     if not todo:
         raise SystemExit("no case matches --ops/--shapes/--variants")

@@ -13,6 +13,7 @@ from fuser.dynamo.backend import CAPTURES, Capture, FuserBackend
 from fuser.dynamo.graph_text import graph_text
 from fuser.dynamo.lower import GraphRecord
 from fuser.explanation import Explanation
+from fuser.frontend.fusion_definition import FusionDefinition
 
 
 def captures_text(captures: list[Capture], source: bool = False, brief: bool = False) -> str:
@@ -93,8 +94,6 @@ def explain(obj: Any = None, source: bool = False, brief: bool = False) -> Expla
     backend="fuser" or a FuserBackend (after its first call), the model or function
     itself, a FusionDefinition, or None for everything compiled in this process.
     """
-    from fuser.frontend.fusion_definition import FusionDefinition
-
     if isinstance(obj, FusionDefinition):
         return obj.explain()
     if isinstance(obj, GraphRecord):

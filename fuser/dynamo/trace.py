@@ -10,6 +10,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from fuser.dynamo.backend import Capture, FuserBackend
+from fuser.dynamo.explain import explain
 from fuser.dynamo.lower import Fallback, GraphRecord
 from fuser.dynamo.region import RegionRecord
 from fuser.explanation import Explanation
@@ -40,8 +41,6 @@ class Trace:
         return [f for g in self.graphs for f in g.fallbacks]
 
     def explain(self, source: bool = False, brief: bool = False) -> Explanation:
-        from fuser.dynamo.explain import explain
-
         return explain(self, source=source, brief=brief)
 
     def __str__(self) -> str:

@@ -17,7 +17,9 @@ from fuser.frontend.ops import Ops
 from fuser.ir.evaluate import evaluate
 from fuser.ir.graph import Graph
 from fuser.ir.printer import graph_repro
+from fuser.ir.verify import verify
 from fuser.passes import Pipeline, concretize, run_pipeline
+from fuser.runtime.executor import FusionExecutor
 
 
 class FusionDefinition:
@@ -80,8 +82,6 @@ class FusionDefinition:
 
     def _finalize(self) -> Graph:
         if self._graph is None:
-            from fuser.ir.verify import verify
-
             self._graph = verify(self._builder.graph())
         return self._graph
 
@@ -108,8 +108,6 @@ class FusionDefinition:
 
     def _runtime(self) -> Any:
         if self._executor is None:
-            from fuser.runtime.executor import FusionExecutor
-
             self._executor = FusionExecutor(self)
         return self._executor
 

@@ -29,6 +29,7 @@ import torch
 
 import fuser
 from fuser.config import config
+from fuser.errors import FuserError
 from fuser.fuzz.generator import CPU, GPU
 from fuser.fuzz.runner import Stats, run_batch, run_for
 from fuser.runtime import cuda_backend
@@ -61,8 +62,6 @@ def _device(name: str) -> str:
 
 def _backends(name: str, device: str) -> tuple[str, ...]:
     """The backends cases are drawn from; "cuda" on the CPU turns the g++ emulator on."""
-    from fuser.errors import FuserError
-
     if name == "auto":
         if not device.startswith("cuda"):
             return ("triton",)

@@ -16,6 +16,7 @@ import sympy
 
 from fuser.ir.dtypes import DType
 from fuser.ir.ops import Op
+from fuser.ir.printer import graph_text
 
 Dim = Union[int, sympy.Expr]
 Shape = tuple  # tuple[Dim, ...]
@@ -104,6 +105,4 @@ class Graph:
         return any(not isinstance(d, int) for v in self.values() for d in v.shape)
 
     def __str__(self) -> str:
-        from fuser.ir.printer import graph_text
-
         return graph_text(self)

@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 
+import fuser.dynamo.support  # noqa: F401  (registers the lowerings)
+from fuser.dynamo.backend import decompositions
+from fuser.dynamo.context import LOWERINGS
 from fuser.frontend.registry import ENTRIES
 
 # the views' OpInfos named after the Python API (the op table has no entry for a view)
@@ -71,10 +74,6 @@ def _base(target: Any) -> tuple[str, str] | None:
 
 def claimed_ops() -> dict[str, Claim]:
     """Every ATen op fuser claims, by base name, from the lowering and decomposition tables."""
-    import fuser.dynamo.support  # noqa: F401  (registers the lowerings)
-    from fuser.dynamo.backend import decompositions
-    from fuser.dynamo.context import LOWERINGS
-
     found: dict[tuple[str, str], set[str]] = {}
     for targets, how in ((LOWERINGS, "lowered"), (decompositions(), "decomposed")):
         for t in targets:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from fuser.dynamo.backend import FuserBackend
+from fuser.dynamo.backend import FuserBackend, decompositions
 from fuser.opdb.claims import Target
 
 # (atol, rtol): fuser computes half types in float32 as ATen does, so results differ by
@@ -275,8 +275,6 @@ def aten_backend() -> Any:
     fuser's decompositions) op by op in ATen."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
-
-    from fuser.dynamo.backend import decompositions
 
     def nop(gm: Any, _: Any) -> Any:
         return make_boxed_func(gm.forward)

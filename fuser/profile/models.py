@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fuser.examples.gpt2 import GPT, get_config
 from fuser.suite.run import compiled
 
 MODELS = ("gpt2", "gpt2-small", "gpt2-tiny", "llama-125m", "llama-tiny", "hf-gpt2", "hf-gpt2-tiny")
@@ -46,8 +47,6 @@ def build(name: str, seq: int, device: str, seed: int = 0) -> tuple[torch.nn.Mod
     """(model on `device`, vocabulary size, a one-line description)."""
     torch.manual_seed(seed)
     if name.startswith("gpt2"):
-        from fuser.examples.gpt2 import GPT, get_config
-
         cfg = get_config({"gpt2": "124m"}.get(name, name.removeprefix("gpt2-")))
         model = GPT(cfg).to(device)
         return model, cfg.vocab_size, f"GPT-2 {name} (fuser.examples.gpt2)"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fuser.dynamo import FuserBackend
 from fuser.suite.models import batch, build
 
 IMPLS = ("eager", "inductor", "fuser")
@@ -127,8 +128,6 @@ def compiled(model: torch.nn.Module, impl: str) -> tuple[torch.nn.Module, object
     if impl == "inductor":
         return torch.compile(model, backend="inductor"), None
     if impl == "fuser":
-        from fuser.dynamo import FuserBackend
-
         backend = FuserBackend()
         return torch.compile(model, backend=backend), backend
     raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")

@@ -17,6 +17,7 @@ from fuser.dynamo.program.memory import MemoryPlan
 from fuser.dynamo.program.step import Step
 from fuser.dynamo.program.steps import Names
 from fuser.runtime.checks import poll
+from fuser.runtime.kernel import _launch_hooked
 
 
 @dataclass
@@ -83,8 +84,6 @@ def emit_program(
             f"    return {fb}(args)",
         ]
     if fast:
-        from fuser.runtime.kernel import _launch_hooked
-
         hooked = names.bind(_launch_hooked, "launch_hooked")
         body += [
             "# a profiler that hooks Triton's launches gets them through Triton's wrapper",

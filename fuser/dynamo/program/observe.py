@@ -22,6 +22,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from fuser.config import config
+from fuser.runtime.executor import signature
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -88,9 +91,6 @@ def _plan_for(region: Any, args: tuple) -> Any:
     up by their signature, as fd.execute looks it up, not taken from the executor's last
     plan, which another thread running the same definition (regions of one definition are
     shared, fuser/dynamo/region.py) may have replaced in the meantime."""
-    from fuser.config import config
-    from fuser.runtime.executor import signature
-
     try:
         key = (signature(list(args)), config.backend, None)
     except Exception:
