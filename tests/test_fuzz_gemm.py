@@ -79,17 +79,17 @@ def test_checker_flags_systematic_and_single_errors() -> None:
     # float64 runs moved by bf16's unit roundoff either way: each truncated element is
     # within a rounding step, the mean is twice eager's
     moved = [[exact * (1 + 2**-8)], [exact * (1 - 2**-8)]]
-    (msg,) = judge([truncated], [eager], [exact], 32, moved)
+    (msg,) = judge([truncated], [eager], [exact], moved)
     assert "systematic" in msg and "out of tolerance" not in msg
-    (msg,) = judge([truncated], [eager], [exact], k=32)  # without them: element by element
+    (msg,) = judge([truncated], [eager], [exact])  # without them: element by element
     assert "out of tolerance" in msg
     wrong = eager.clone()
     wrong[5, 7] *= 1.05
-    (msg,) = judge([wrong], [eager], [exact], k=32)
+    (msg,) = judge([wrong], [eager], [exact])
     assert "1/3072 element(s) out of tolerance; worst at (5, 7)" in msg
     twice = (exact * 1.3).to(torch.bfloat16).double().div(1.3).to(torch.bfloat16)
-    assert judge([eager], [twice], [exact], k=32) == []
-    (msg,) = judge([eager[:, :47]], [eager], [exact], k=32)
+    assert judge([eager], [twice], [exact]) == []
+    (msg,) = judge([eager[:, :47]], [eager], [exact])
     assert "fuser gives torch.bfloat16[64, 47], eager torch.bfloat16[64, 48]" in msg
 
 

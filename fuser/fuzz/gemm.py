@@ -18,8 +18,10 @@ y * (mask.to(y.dtype) * 1.25) with a bool mask), and ops the template does not t
 (relu, a scale), any intermediate also returned. The matcher takes what it can and must leave
 the rest as it was. The function is traced with make_fx on the case's inputs (their
 strides kept), lowered with FUSER_GEMM=template, run, and compared with eager run on the
-same inputs and with the same function in float64 (every cast a no-op there): fuser may
-be off the float64 answer by twice eager's own error plus the output dtype's rounding.
+same inputs and with the same function in float64 from eager's own matmul operands (every
+other cast a no-op there): fuser may be off that answer by twice eager's own error, how
+far the case's roundings and the fp32 accumulations move it, and the output's rounding
+(gemm_check.py).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 from fuser.codegen.triton.gemm import render_gemm
 from fuser.config import use_interpreter
 from fuser.errors import CompileError
+from fuser.runtime import gemm_sass
 from fuser.runtime.resources import cubin_resources, sass
 from fuser.schedulers.gemm import Epilogue, GemmPlan, GemmShape, GemmTiles, plan_gemm, retile
 
@@ -28,9 +29,10 @@ _UNIT = {"s_bn", "s_cn", "s_xn", "s_pn", "s_rn", "s_bias", "s_sum"}
 
 
 def plan_resources(plans: list[GemmPlan], arch: int = 90) -> list[dict[str, int]]:
-    """{"registers", "stack", "local", "shared", "hgmma"} of each plan's main kernel for
-    sm_`arch`, and a split-K plan's finalize's as "finalize_registers"... (one child
-    process for all of them where one is needed)."""
+    """{"registers", "stack", "local", "shared", "hgmma", "hgmma_register_a",
+    "hgmma_hazards"} of each plan's main kernel for sm_`arch`, and a split-K plan's
+    finalize's as "finalize_registers"... (one child process for all of them where one is
+    needed)."""
     if use_interpreter():
         return _in_child(plans, arch)
     return [_compile(p, arch) for p in plans]
@@ -52,7 +54,7 @@ def _compile(plan: GemmPlan, arch: int) -> dict[str, int]:
         found = _compile_fn(plan, getattr(mod, plan.name), arch, main=True)
         if plan.split:
             fin = _compile_fn(plan, getattr(mod, plan.name + "_finalize"), arch, main=False)
-            found |= {f"finalize_{k}": v for k, v in fin.items() if k != "hgmma"}
+            found |= {f"finalize_{k}": v for k, v in fin.items() if not k.startswith("hgmma")}
         return found
 
 
@@ -67,6 +69,9 @@ def _compile_fn(plan: GemmPlan, fn: Any, arch: int, main: bool) -> dict[str, int
     consts: dict[str, Any] = {a: known[a] for a in fn.arg_names if a in known}
     unit = _UNIT | ({"s_am"} if plan.epilogue.reduce == "a_rows" else {"s_ak"})
     tensors = set(plan.arguments()) | set(plan.finalize_arguments())
+    s = plan.shape
+    dtypes = {"A": s.a_dtype, "C": s.out_dtype}
+    dtypes["SUMS"] = s.a_dtype if plan.epilogue.reduce == "a_rows" else s.dtype
     sig: dict[str, str] = {}
     for a in fn.arg_names:
         if a in consts:
@@ -79,8 +84,8 @@ def _compile_fn(plan: GemmPlan, fn: Any, arch: int, main: bool) -> dict[str, int
             sig[a] = "*i1"
         elif a in ("PART", "PSUMS"):  # split-K's fp32 partials
             sig[a] = "*fp32"
-        elif a in tensors:
-            sig[a] = f"*{plan.shape.dtype}"
+        elif a in tensors:  # A as stored (a prologue casts it), C in the output dtype
+            sig[a] = f"*{dtypes.get(a, plan.shape.dtype)}"
         else:
             sig[a] = "i32"
     attrs = {
@@ -94,8 +99,12 @@ def _compile_fn(plan: GemmPlan, fn: Any, arch: int, main: bool) -> dict[str, int
     )
     cubin = compiled.asm["cubin"]
     found = dict(next(iter(cubin_resources(cubin).values())))
-    # tl.dot on sm_90 should be Hopper's warpgroup MMA (HGMMA in SASS), not mma.sync
-    found["hgmma"] = int("HGMMA" in sass(cubin)) if arch >= 90 and main else 0
+    # tl.dot on sm_90 should be Hopper's warpgroup MMA (HGMMA in SASS), not mma.sync; how
+    # many of them read A from registers, and the register hazards around them (gemm_sass)
+    code = sass(cubin) if arch >= 90 and main else ""
+    found["hgmma"] = int("HGMMA" in code)
+    found["hgmma_register_a"] = gemm_sass.register_a(code)
+    found["hgmma_hazards"] = len(gemm_sass.hazards(code))
     return found
 
 
@@ -105,6 +114,7 @@ def _in_child(plans: list[GemmPlan], arch: int) -> list[dict[str, int]]:
             "shape": dataclasses.asdict(p.shape),
             "epilogue": dataclasses.asdict(p.epilogue),
             "tiles": dataclasses.asdict(p.tiles),
+            "swap_ab": p.swap_ab,
         }
         for p in plans
     ]
@@ -128,6 +138,7 @@ def _main() -> None:
     for job in work["plans"]:
         shape, epilogue = GemmShape(**job["shape"]), Epilogue(**job["epilogue"])
         plan = retile(plan_gemm(shape, epilogue), GemmTiles(**job["tiles"]), "as given")
+        plan = dataclasses.replace(plan, swap_ab=job["swap_ab"])
         out.append(_compile(plan, work["arch"]))
     print(json.dumps(out))
 

@@ -215,6 +215,9 @@ class GemmPlan:
     # bf16 converted through its bits (helpers _cvt/_f32): Triton 3.6's interpreter
     # truncates float32 -> bf16 where a GPU and torch round to nearest even
     exact_bf16: bool = False
+    # the dot computed as Cᵀ = Bᵀ·Aᵀ (the tile transposed back after the loop): A's
+    # prologue output is the second operand, which wgmma reads from shared memory
+    swap_ab: bool = False
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -382,7 +385,18 @@ def _planned(
     even = (shape.m % t.block_m == 0, shape.n % t.block_n == 0, shape.k % t.block_k == 0)
     # the interpreter truncates float32 -> bf16 (0.7 ulp errors a GPU does not make)
     exact = shape.device == "cpu" and "bf16" in (shape.a_dtype, shape.dtype, shape.out_dtype)
-    return GemmPlan(shape, epilogue, t, *even, upcast, exact, reasons)
+    swap = SWAP_PROLOGUE_AB and shape.device == "cuda" and bool(epilogue.a_cast or epilogue.a_scale)
+    if swap:
+        reasons += ("A's prologue: the dot transposed, A from shared memory (SWAP_PROLOGUE_AB)",)
+    return GemmPlan(shape, epilogue, t, *even, upcast, exact, swap, reasons)
+
+
+# An A tile changed in registers (the prologue's cast or scale) is a register operand of
+# sm_90's wgmma, which Triton 3.6 pipelines 3 deep; ptxas before CUDA 13.3 rewrites it for
+# the next step before the wgmma reading it is waited for (Triton issue 9433; gemm_sass.py
+# finds it in such plans' SASS, 64x64 to 128x256 tiles). As tl.dot's second operand the
+# tile goes through shared memory (loads still pipelined, each step's wgmmas waited).
+SWAP_PROLOGUE_AB = True
 
 
 def _heavy_epilogue(epilogue: Epilogue) -> bool:

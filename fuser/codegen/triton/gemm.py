@@ -155,6 +155,8 @@ def render_gemm(plan: GemmPlan) -> str:
     with w.block():
         _program_tile(w, plan)
         _main_loop(w, plan)
+        if plan.swap_ab:
+            w.line("acc = tl.trans(acc)  # the dot's Cᵀ, back to [BLOCK_M, BLOCK_N]")
         if plan.split:
             _store_partials(w, plan)
         else:
@@ -209,7 +211,11 @@ def _main_loop(w: Writer, plan: GemmPlan) -> None:
     r, c, k = (_idx(plan, n) for n in ("rows", "cols", "ks"))
     w.line(f"a_ptrs = A + {r}[:, None] * s_am + {k}[None, :] * s_ak")
     w.line(f"b_ptrs = B + {k}[:, None] * s_bk + {c}[None, :] * s_bn")
-    w.line("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+    if plan.swap_ab:
+        w.comment("Cᵀ = Bᵀ·Aᵀ: A's prologue output is the dot's second operand (shared memory)")
+        w.line("acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)")
+    else:
+        w.line("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
     loop = "for k in range(0, tl.cdiv(K, BLOCK_K)):"
     if plan.split:
         w.comment("this program's K range: whole BLOCK_K steps, the last range the shortest")
@@ -246,14 +252,15 @@ def _main_loop(w: Writer, plan: GemmPlan) -> None:
         elif e.a_scale:
             scaled = f"({_wide(plan, 'a')} * scale)"
             w.line(f"a = {_cast(plan, scaled, dot)}  # prologue: scale")
+        x, y = (_wide(plan, "a"), _wide(plan, "b")) if plan.dot_upcast else ("a", "b")
+        ab = f"tl.trans({y}), tl.trans({x})" if plan.swap_ab else f"{x}, {y}"
         if plan.dot_upcast:
             w.comment("Triton 3.6's interpreter computes bf16 dots wrongly: exact in fp32")
-            ab = f"{_wide(plan, 'a')}, {_wide(plan, 'b')}"
             w.line(f'acc = tl.dot({ab}, acc, input_precision="ieee")')
         elif s.dtype == "fp32":
-            w.line('acc = tl.dot(a, b, acc, input_precision="ieee")  # fp32 as ATen: no tf32')
+            w.line(f'acc = tl.dot({ab}, acc, input_precision="ieee")  # fp32 as ATen: no tf32')
         else:
-            w.line("acc = tl.dot(a, b, acc)")
+            w.line(f"acc = tl.dot({ab}, acc)")
         w.line("a_ptrs += BLOCK_K * s_ak")
         w.line("b_ptrs += BLOCK_K * s_bk")
 
