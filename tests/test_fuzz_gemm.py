@@ -81,8 +81,10 @@ def test_checker_flags_systematic_and_single_errors() -> None:
     moved = [[exact * (1 + 2**-8)], [exact * (1 - 2**-8)]]
     (msg,) = judge([truncated], [eager], [exact], moved)
     assert "systematic" in msg and "out of tolerance" not in msg
-    (msg,) = judge([truncated], [eager], [exact])  # without them: element by element
-    assert "out of tolerance" in msg
+    # without them too: a truncated element is within the output's rounding step (a
+    # fused epilogue may land one step off; see gemm_check._compare), the mean is not
+    (msg,) = judge([truncated], [eager], [exact])
+    assert "systematic" in msg
     wrong = eager.clone()
     wrong[5, 7] *= 1.05
     (msg,) = judge([wrong], [eager], [exact])

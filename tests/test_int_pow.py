@@ -11,6 +11,7 @@ from fuser import FusionDefinition
 from fuser.errors import DefinitionError
 
 INTS = [torch.int32, torch.int64]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _operands(dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -20,7 +21,7 @@ def _operands(dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor, tor
     exp = torch.randint(-3, 70, (5, 37), generator=g).to(dtype)
     base[0, :9] = torch.tensor([0, 0, 0, 1, 1, -1, -1, 2, -2], dtype=dtype)
     exp[0, :9] = torch.tensor([0, 5, -2, -7, 64, -3, -4, 31, 63], dtype=dtype)
-    return base, exp
+    return base.to(DEVICE), exp.to(DEVICE)
 
 
 @pytest.mark.parametrize("dtype", INTS, ids=["i32", "i64"])
