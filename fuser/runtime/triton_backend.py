@@ -8,6 +8,7 @@ run in Triton's interpreter.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import threading
 from collections.abc import Iterator
@@ -61,10 +62,29 @@ class _TakingTurnsKernel:
         launch = self._fn[grid]
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            with _interpreter_lock, _library_interpreted(), np.errstate(**_fp_errors()):
-                return launch(*args, **kwargs)
+            with _interpreter_lock, _library_interpreted(), _unsanitized():
+                with np.errstate(**_fp_errors()):
+                    return launch(*args, **kwargs)
 
         return run
+
+
+@contextmanager
+def _unsanitized() -> Iterator[None]:
+    """Without Triton's integer-overflow checks while an interpreted kernel runs. The
+    interpreter makes them by default (sanitize_overflow): each 32-bit integer add, sub
+    or mul is done again in int64 and compared with the type's range, for a device_assert
+    that does nothing unless the kernel runs with debug=True (it never does here, nor on
+    a GPU). That was a third of an interpreted bf16 kernel's time: bf16_rne rounds with
+    integer adds. With debug on, the checks stay."""
+    builder = interpreter.interpreter_builder
+    saved = builder.options
+    if not saved.debug:
+        builder.options = dataclasses.replace(saved, sanitize_overflow=False)
+    try:
+        yield
+    finally:
+        builder.options = saved
 
 
 def _fp_errors() -> dict[str, str]:
@@ -78,6 +98,20 @@ def _fp_errors() -> dict[str, str]:
     return {"all": "ignore"}
 
 
+class _ModuleFunction(InterpretedFunction):
+    """An interpreted jit function of a generated module. Launched (`fn[grid](...)`) it runs
+    as Triton's own; called from a kernel of its module (a helper: bf16_rne, tanh_, ...)
+    it skips the interpreter's per-call patching of triton.language, which the launch
+    running it already made for these same module globals (~1 ms a call, more than a
+    bf16_rne's own work; an interpreted bf16 kernel calls one per op)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.rewrite()(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+
 # The interpreter is chosen per module, not by TRITON_INTERPRET: Triton reads that as each
 # @triton.jit function is made, and torch.compile imports Triton (making triton.language's
 # own jit functions, tl.sum, tl.max, tl.sigmoid...) before the "fuser" entry point can
@@ -86,8 +120,8 @@ def _interpreted(module: ModuleType) -> None:
     """The @triton.jit functions of `module` as Triton's interpreter runs them (already so
     when TRITON_INTERPRET=1 was set before they were made)."""
     for name, fn in list(vars(module).items()):
-        if isinstance(fn, JITFunction):
-            setattr(module, name, InterpretedFunction(fn.fn))
+        if isinstance(fn, (JITFunction, InterpretedFunction)):
+            setattr(module, name, _ModuleFunction(fn.fn))
 
 
 def _scalar_index_fix() -> None:

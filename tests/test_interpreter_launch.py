@@ -1,0 +1,60 @@
+"""Interpreted launches (runtime/triton_backend.py) without the interpreter's per-call costs
+that change no result: a generated module's helpers (bf16_rne, bf16_wide, ...) are called
+without patching triton.language again for each call, and 32-bit integer arithmetic runs
+without the overflow checks whose assert only a debug build would make. The results stay
+bit for bit eager's, and the interpreter's settings are as they were after the launch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton.runtime import interpreter
+
+from fuser import FusionDefinition
+from fuser.config import use_interpreter
+
+pytestmark = pytest.mark.skipif(not use_interpreter(), reason="Triton's CPU interpreter")
+BF16 = torch.bfloat16
+
+
+def _bf16_chain() -> FusionDefinition:
+    """bf16 ops the interpreter rounds through the bf16_rne and bf16_wide helpers."""
+    with FusionDefinition("interp_bf16") as fd:
+        x = fd.define_tensor([-1, -1], BF16)
+        y = fd.define_tensor([-1, -1], BF16)
+        fd.add_output(fd.ops.mul(fd.ops.add(x, y), y))
+    return fd
+
+
+def test_helpers_run_inside_the_launchs_one_patch(monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = _bf16_chain()
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(37, 65, generator=g).to(BF16) for _ in range(2))
+    fd.execute([x, y])  # planned and loaded
+    assert "bf16_rne(" in fd.kernels[0].source and "bf16_wide(" in fd.kernels[0].source
+    calls = []
+    real = interpreter._patch_lang
+    monkeypatch.setattr(interpreter, "_patch_lang", lambda fn: calls.append(fn) or real(fn))
+    (out,) = fd.execute([x, y])
+    # one patch per launch (the kernel's), none per helper call, over every program
+    assert len(calls) == len(fd.kernels) == 1, [c.__name__ for c in calls]
+    assert torch.equal(out, (x + y) * y)  # each op rounded to nearest even, as eager
+
+
+def test_overflow_checks_off_during_the_launch_and_restored_after() -> None:
+    builder = interpreter.interpreter_builder
+    before = builder.options
+    fd = _bf16_chain()
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randn(5, 300, generator=g).to(BF16) for _ in range(2))
+    fd.execute([x, y])
+    (k,) = fd.kernels
+    seen = []
+    # a pre-run hook of the interpreted kernel sees the options its launch runs under
+    getattr(k._module._module, k.name).add_pre_run_hook(
+        lambda *a, **kw: seen.append(builder.options)
+    )
+    (out,) = fd.execute([x, y])
+    assert len(seen) == 1 and not seen[0].sanitize_overflow and not seen[0].debug
+    assert builder.options is before and before.sanitize_overflow  # restored
+    assert torch.equal(out, (x + y) * y)
