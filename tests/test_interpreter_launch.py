@@ -58,3 +58,29 @@ def test_overflow_checks_off_during_the_launch_and_restored_after() -> None:
     assert len(seen) == 1 and not seen[0].sanitize_overflow and not seen[0].debug
     assert builder.options is before and before.sanitize_overflow  # restored
     assert torch.equal(out, (x + y) * y)
+
+
+@pytest.mark.nonfinite  # NaN in the data on purpose: max and min must keep it
+@pytest.mark.parametrize("dtype", [torch.float32, BF16], ids=["fp32", "bf16"])
+def test_nan_keeping_max_and_min_reduce_with_numpy(monkeypatch, dtype: torch.dtype) -> None:
+    """The max_nan / min_nan combines reduce as np.max / np.min, not element by element."""
+    with FusionDefinition("interp_minmax") as fd:
+        x = fd.define_tensor([-1, -1], dtype)
+        fd.add_output(fd.ops.max(x, dims=[1]))
+        fd.add_output(fd.ops.min(x, dims=[1]))
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(9, 301, generator=g).to(dtype)
+    x[2, 7] = float("nan")
+    x[5, 300] = float("nan")
+    x[6] = float("-inf")
+    fd.execute([x])
+    assert all("max_nan" in k.source or "min_nan" in k.source for k in fd.kernels)
+
+    def element_by_element(self, input):
+        raise AssertionError("reduced element by element")
+
+    monkeypatch.setattr(interpreter.ReduceOps, "generic_reduce", element_by_element)
+    big, small = fd.execute([x])
+    torch.testing.assert_close(big, x.amax(1), equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(small, x.amin(1), equal_nan=True, atol=0, rtol=0)
+    assert big[2].isnan() and small[5].isnan() and big[6] == float("-inf")

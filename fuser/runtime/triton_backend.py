@@ -105,6 +105,10 @@ class _ModuleFunction(InterpretedFunction):
     running it already made for these same module globals (~1 ms a call, more than a
     bf16_rne's own work; an interpreted bf16 kernel calls one per op)."""
 
+    def __init__(self, fn: Any) -> None:
+        super().__init__(fn)
+        self.numpy_reduce = _NUMPY_REDUCE.get(fn.__name__)  # see _numpy_nan_reductions
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self.rewrite()(*args, **kwargs)
@@ -143,6 +147,33 @@ def _scalar_index_fix() -> None:
 
 
 _scalar_index_fix()
+
+# fuser's NaN-keeping float max/min combines (codegen's max_nan, min_nan helpers) as the
+# numpy reductions that fold the same way: np.max and np.min keep a NaN, as
+# tl.maximum(propagate_nan=ALL) does
+_NUMPY_REDUCE = {"max_nan": np.max, "min_nan": np.min}
+
+
+def _numpy_nan_reductions() -> None:
+    """Triton's interpreter reduces with a combine it does not know (not tl.max's, tl.sum's)
+    element by element in Python, calling the combine once per element: a float max or
+    min over a tile took ~20 ms. A generated module's max_nan / min_nan combine carries
+    its numpy reduction (`_ModuleFunction.numpy_reduce`) and is reduced with it."""
+    original = interpreter.ReduceOps.apply_impl
+    if getattr(original, "fuser_fixed", False):
+        return
+
+    def apply_impl(self: Any, input: Any) -> Any:
+        reduce = getattr(self.combine_fn, "numpy_reduce", None)
+        if reduce is not None and len(input) == 1:
+            return self.min_max(input[0], val_reduce_op=reduce)
+        return original(self, input)
+
+    apply_impl.fuser_fixed = True  # type: ignore[attr-defined]
+    interpreter.ReduceOps.apply_impl = apply_impl
+
+
+_numpy_nan_reductions()
 
 
 # id -> the jit function (kept, so its id stays its own) and its interpreted twin; by id
