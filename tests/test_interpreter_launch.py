@@ -26,19 +26,29 @@ def _bf16_chain() -> FusionDefinition:
     return fd
 
 
-def test_helpers_run_inside_the_launchs_one_patch(monkeypatch: pytest.MonkeyPatch) -> None:
-    fd = _bf16_chain()
+def test_helpers_and_library_calls_run_inside_one_patch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """triton.language is patched twice a launch (for the kernel, for Triton's library
+    functions), however many programs, helper calls (bf16_rne) and library calls
+    (tl.sum) the launch makes."""
+    with FusionDefinition("interp_bf16_sum") as fd:
+        x = fd.define_tensor([-1, -1], BF16)
+        y = fd.define_tensor([-1, -1], BF16)
+        s = fd.ops.add(x, y)
+        fd.add_output(fd.ops.mul(s, y))
+        fd.add_output(fd.ops.sum(s, dims=[1]))
     g = torch.Generator().manual_seed(0)
     x, y = (torch.randn(37, 65, generator=g).to(BF16) for _ in range(2))
     fd.execute([x, y])  # planned and loaded
-    assert "bf16_rne(" in fd.kernels[0].source and "bf16_wide(" in fd.kernels[0].source
+    (k,) = fd.kernels
+    assert "bf16_rne(" in k.source and "bf16_wide(" in k.source and "tl.sum(" in k.source
+    assert k.schedule.grid[0] > 1
     calls = []
     real = interpreter._patch_lang
     monkeypatch.setattr(interpreter, "_patch_lang", lambda fn: calls.append(fn) or real(fn))
-    (out,) = fd.execute([x, y])
-    # one patch per launch (the kernel's), none per helper call, over every program
-    assert len(calls) == len(fd.kernels) == 1, [c.__name__ for c in calls]
+    out, total = fd.execute([x, y])
+    assert len(calls) == 2, calls
     assert torch.equal(out, (x + y) * y)  # each op rounded to nearest even, as eager
+    torch.testing.assert_close(total, (x + y).float().sum(1).to(BF16), atol=0.05, rtol=1e-2)
 
 
 def test_overflow_checks_off_during_the_launch_and_restored_after() -> None:

@@ -14,10 +14,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
+import triton.language as tl
 from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
@@ -181,11 +182,19 @@ _numpy_nan_reductions()
 _library: dict[int, tuple[JITFunction, InterpretedFunction]] = {}
 
 
+# the modules a Triton library function's interpreted call patches (its globals' tl and
+# tl.core; tl.math comes with tl), patched once per launch by _library_interpreted
+_LANG = SimpleNamespace(__globals__={"tl": tl, "core": tl.core})
+
+
 def _call_interpreted(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
     known = _library.get(id(self))
     if known is None:
         known = _library[id(self)] = (self, InterpretedFunction(self.fn))
-    return known[1](*args, **kwargs)
+    try:  # InterpretedFunction.__call__ less its patching: the launch's covers it
+        return known[1].rewrite()(*args, **kwargs)
+    except Exception as e:
+        raise interpreter.InterpreterError(repr(e)) from e
 
 
 @contextmanager
@@ -193,12 +202,17 @@ def _library_interpreted() -> Iterator[None]:
     """While an interpreted kernel runs (under _interpreter_lock), a call to one of Triton's
     compiled-mode jit functions runs it in the interpreter too, as it would have run had
     Triton been imported with TRITON_INTERPRET=1 (outside a kernel such a call raises,
-    so nothing else changes meaning)."""
+    so nothing else changes meaning). triton.language is patched for them once, here,
+    around the launch (whose own patches go on top and come off first), not at each call
+    as Triton does (~1 ms a call of tl.sum, tl.zeros_like...; and Triton's per-call
+    patches were never undone)."""
     saved = JITFunction.__call__
     JITFunction.__call__ = _call_interpreted  # type: ignore[method-assign]
+    scope = interpreter._patch_lang(_LANG)
     try:
         yield
     finally:
+        scope.restore()
         JITFunction.__call__ = saved  # type: ignore[method-assign]
 
 
