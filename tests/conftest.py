@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -9,6 +10,20 @@ import torch
 
 from fuser.config import config
 from fuser.runtime import cuda_backend
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Worker processes for pyproject's `-n auto`: two when the whole suite runs (no paths
+    named) on a machine of two or more cores without a GPU (CI's: most tests are
+    single-threaded interpreter work, which two processes on two cores run in ~55% of the
+    time); 0, one process as without xdist, when paths are named (one file's tests stay in
+    one process anyway) or a GPU is present (timed autotunes and GPU memory are not to be
+    shared). `-n 0` / `-n 2` choose for themselves."""
+    whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    if not whole_suite or torch.cuda.is_available():
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return 2 if (cores or 1) >= 2 else 0
 
 
 @pytest.fixture(autouse=True)

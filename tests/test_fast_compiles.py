@@ -105,6 +105,18 @@ def _child(folder: Path, source: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+_PROBE = 'extern "C" __global__ void probe(float* y) { y[threadIdx.x] = 2.0f; }\n'
+
+
+def test_cubin_cache_round_trip_across_processes(tmp_path: Path) -> None:
+    first = _child(tmp_path, _PROBE)
+    assert first["origin"] == "nvrtc"
+    second = _child(tmp_path, _PROBE)  # a fresh process: from disk, the same bytes
+    assert second == {"origin": "disk", "sha": first["sha"]}
+
+
+# a damaged entry, met with an empty memory cache (as a fresh process meets it; the
+# round trip across processes is the test above): never trusted, rebuilt, rewritten
 @pytest.mark.parametrize(
     "damage",
     [
@@ -114,17 +126,19 @@ def _child(folder: Path, source: str) -> dict:
     ],
     ids=["cubin bytes", "checksum", "versions"],
 )
-def test_cubin_cache_round_trip_across_processes_and_corruption(tmp_path: Path, damage) -> None:
-    src = 'extern "C" __global__ void probe(float* y) { y[threadIdx.x] = 2.0f; }\n'
-    first = _child(tmp_path, src)
-    assert first["origin"] == "nvrtc"
-    second = _child(tmp_path, src)  # a fresh process: from disk, the same bytes
-    assert second == {"origin": "disk", "sha": first["sha"]}
-    (entry,) = (tmp_path / "cuda").glob("*.json")
+def test_damaged_cubin_entry_is_rebuilt_and_rewritten(fresh_cache: Path, damage) -> None:
+    def compiled() -> tuple[str, str]:
+        cubin = cuda_backend.compile_cubin(_PROBE, "probe", "sm_90")
+        return cuda_backend.last_compile["probe"].source, hashlib.sha256(cubin).hexdigest()
+
+    origin, sha = compiled()
+    assert origin == "nvrtc"
+    (entry,) = (fresh_cache / "cuda").glob("*.json")
     entry.write_text(json.dumps(damage(json.loads(entry.read_text()))))
-    rebuilt = _child(tmp_path, src)
-    assert rebuilt == {"origin": "nvrtc", "sha": first["sha"]}  # never trusted: rebuilt
-    assert _child(tmp_path, src) == {"origin": "disk", "sha": first["sha"]}  # and rewritten
+    cuda_backend.clear_memory_cache()
+    assert compiled() == ("nvrtc", sha)  # never trusted: rebuilt
+    cuda_backend.clear_memory_cache()
+    assert compiled() == ("disk", sha)  # and rewritten
 
 
 def test_cache_key_moves_with_each_input(monkeypatch: pytest.MonkeyPatch) -> None:

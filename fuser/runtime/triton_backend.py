@@ -8,15 +8,17 @@ run in Triton's interpreter.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
+import triton.language as tl
 from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
@@ -61,10 +63,29 @@ class _TakingTurnsKernel:
         launch = self._fn[grid]
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            with _interpreter_lock, _library_interpreted(), np.errstate(**_fp_errors()):
-                return launch(*args, **kwargs)
+            with _interpreter_lock, _library_interpreted(), _unsanitized():
+                with np.errstate(**_fp_errors()):
+                    return launch(*args, **kwargs)
 
         return run
+
+
+@contextmanager
+def _unsanitized() -> Iterator[None]:
+    """Without Triton's integer-overflow checks while an interpreted kernel runs. The
+    interpreter makes them by default (sanitize_overflow): each 32-bit integer add, sub
+    or mul is done again in int64 and compared with the type's range, for a device_assert
+    that does nothing unless the kernel runs with debug=True (it never does here, nor on
+    a GPU). That was a third of an interpreted bf16 kernel's time: bf16_rne rounds with
+    integer adds. With debug on, the checks stay."""
+    builder = interpreter.interpreter_builder
+    saved = builder.options
+    if not saved.debug:
+        builder.options = dataclasses.replace(saved, sanitize_overflow=False)
+    try:
+        yield
+    finally:
+        builder.options = saved
 
 
 def _fp_errors() -> dict[str, str]:
@@ -78,6 +99,24 @@ def _fp_errors() -> dict[str, str]:
     return {"all": "ignore"}
 
 
+class _ModuleFunction(InterpretedFunction):
+    """An interpreted jit function of a generated module. Launched (`fn[grid](...)`) it runs
+    as Triton's own; called from a kernel of its module (a helper: bf16_rne, tanh_, ...)
+    it skips the interpreter's per-call patching of triton.language, which the launch
+    running it already made for these same module globals (~1 ms a call, more than a
+    bf16_rne's own work; an interpreted bf16 kernel calls one per op)."""
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__(fn)
+        self.numpy_reduce = _NUMPY_REDUCE.get(fn.__name__)  # see _numpy_nan_reductions
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.rewrite()(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+
 # The interpreter is chosen per module, not by TRITON_INTERPRET: Triton reads that as each
 # @triton.jit function is made, and torch.compile imports Triton (making triton.language's
 # own jit functions, tl.sum, tl.max, tl.sigmoid...) before the "fuser" entry point can
@@ -86,8 +125,8 @@ def _interpreted(module: ModuleType) -> None:
     """The @triton.jit functions of `module` as Triton's interpreter runs them (already so
     when TRITON_INTERPRET=1 was set before they were made)."""
     for name, fn in list(vars(module).items()):
-        if isinstance(fn, JITFunction):
-            setattr(module, name, InterpretedFunction(fn.fn))
+        if isinstance(fn, (JITFunction, InterpretedFunction)):
+            setattr(module, name, _ModuleFunction(fn.fn))
 
 
 def _scalar_index_fix() -> None:
@@ -110,17 +149,52 @@ def _scalar_index_fix() -> None:
 
 _scalar_index_fix()
 
+# fuser's NaN-keeping float max/min combines (codegen's max_nan, min_nan helpers) as the
+# numpy reductions that fold the same way: np.max and np.min keep a NaN, as
+# tl.maximum(propagate_nan=ALL) does
+_NUMPY_REDUCE = {"max_nan": np.max, "min_nan": np.min}
+
+
+def _numpy_nan_reductions() -> None:
+    """Triton's interpreter reduces with a combine it does not know (not tl.max's, tl.sum's)
+    element by element in Python, calling the combine once per element: a float max or
+    min over a tile took ~20 ms. A generated module's max_nan / min_nan combine carries
+    its numpy reduction (`_ModuleFunction.numpy_reduce`) and is reduced with it."""
+    original = interpreter.ReduceOps.apply_impl
+    if getattr(original, "fuser_fixed", False):
+        return
+
+    def apply_impl(self: Any, input: Any) -> Any:
+        reduce = getattr(self.combine_fn, "numpy_reduce", None)
+        if reduce is not None and len(input) == 1:
+            return self.min_max(input[0], val_reduce_op=reduce)
+        return original(self, input)
+
+    apply_impl.fuser_fixed = True  # type: ignore[attr-defined]
+    interpreter.ReduceOps.apply_impl = apply_impl
+
+
+_numpy_nan_reductions()
+
 
 # id -> the jit function (kept, so its id stays its own) and its interpreted twin; by id
 # because a JITFunction hashes its cache key, which walks its source
 _library: dict[int, tuple[JITFunction, InterpretedFunction]] = {}
 
 
+# the modules a Triton library function's interpreted call patches (its globals' tl and
+# tl.core; tl.math comes with tl), patched once per launch by _library_interpreted
+_LANG = SimpleNamespace(__globals__={"tl": tl, "core": tl.core})
+
+
 def _call_interpreted(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
     known = _library.get(id(self))
     if known is None:
         known = _library[id(self)] = (self, InterpretedFunction(self.fn))
-    return known[1](*args, **kwargs)
+    try:  # InterpretedFunction.__call__ less its patching: the launch's covers it
+        return known[1].rewrite()(*args, **kwargs)
+    except Exception as e:
+        raise interpreter.InterpreterError(repr(e)) from e
 
 
 @contextmanager
@@ -128,12 +202,17 @@ def _library_interpreted() -> Iterator[None]:
     """While an interpreted kernel runs (under _interpreter_lock), a call to one of Triton's
     compiled-mode jit functions runs it in the interpreter too, as it would have run had
     Triton been imported with TRITON_INTERPRET=1 (outside a kernel such a call raises,
-    so nothing else changes meaning)."""
+    so nothing else changes meaning). triton.language is patched for them once, here,
+    around the launch (whose own patches go on top and come off first), not at each call
+    as Triton does (~1 ms a call of tl.sum, tl.zeros_like...; and Triton's per-call
+    patches were never undone)."""
     saved = JITFunction.__call__
     JITFunction.__call__ = _call_interpreted  # type: ignore[method-assign]
+    scope = interpreter._patch_lang(_LANG)
     try:
         yield
     finally:
+        scope.restore()
         JITFunction.__call__ = saved  # type: ignore[method-assign]
 
 
