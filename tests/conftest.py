@@ -12,10 +12,11 @@ from fuser.config import config
 from fuser.runtime import cuda_backend
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """Worker processes for pyproject's `-n auto`: two when the whole suite runs (no paths
     named) on a machine of two or more cores without a GPU (CI's: most tests are
-    single-threaded interpreter work, which two processes on two cores run in ~55% of the
+    single-threaded interpreter work, which two processes on two cores run in ~60% of the
     time); 0, one process as without xdist, when paths are named (one file's tests stay in
     one process anyway) or a GPU is present (timed autotunes and GPU memory are not to be
     shared). `-n 0` / `-n 2` choose for themselves."""

@@ -23,11 +23,13 @@ from fuser.fuzz.known import known_issue
 from fuser.fuzz.runner import check_case
 from fuser.runtime import cuda_backend
 
-# the interpreter on one core: 1200 cases took 224 s (2026-11-27), so 800 keep CI near its
-# budget (median case: 5 ops over 512 elements; 7% of rows 1000 to 50257 long); on a GPU
-# every case compiles its kernels: fewer
+# the interpreter on one core: 800 cases take ~117 s (2026-11-27; 230 s before interpreted
+# launches stopped re-patching Triton per helper call, checking int32 overflow and folding
+# float max/min element by element: runtime/triton_backend.py) (median case: 5 ops over
+# 512 elements; 7% of rows 1000 to 50257 long); on a GPU every case compiles its kernels
 CI_EXAMPLES = 800 if DEVICE == "cpu" else 100
-# the CUDA C++ backend: ~1 case a second in the g++ emulator
+# the CUDA C++ backend: ~1.3 s a case in the g++ emulator when it compiles (139 s), 7 s once
+# its builds are cached (tempdir/fuser_emulate)
 CUDA_CI_EXAMPLES = 100
 
 

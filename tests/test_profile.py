@@ -184,7 +184,9 @@ def test_profile_api_on_cpu(tmp_path):
 
 
 def test_profile_api_compare_on_cpu():
-    cmp = fuser.profile(_tiny_step(), compare=_tiny_step(), compare_name="again", steps=1, timed=1)
+    cmp = fuser.profile(
+        _tiny_step(), compare=_tiny_step(), compare_name="again", steps=1, warmup=1, timed=1
+    )
     assert cmp.a.name == "fuser" and cmp.b.name == "again"
     assert "fuser vs again" in cmp.table() and cmp.deltas()["step_ms"] is not None
 

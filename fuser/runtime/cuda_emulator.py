@@ -14,6 +14,7 @@ fast. GPU runs remain the authority.
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
 import tempfile
@@ -23,7 +24,7 @@ from typing import Any
 
 from fuser.codegen.cuda.templates import HELPERS, MEMORY, acc_type
 from fuser.errors import CompileError, FuserError
-from fuser.runtime.cache import digest
+from fuser.runtime.cache import atomic_write, digest
 
 SHIM = r"""
 #include <atomic>
@@ -187,8 +188,10 @@ def _build(text: str) -> ctypes.CDLL:
         folder.mkdir(exist_ok=True)
         src, lib = folder / f"k_{key}.cpp", folder / f"k_{key}.so"
         if not lib.exists():
-            src.write_text(text)
-            tmp = folder / f"k_{key}.{threading.get_ident()}.so"
+            # other processes may build the same kernel at once (pytest-xdist's workers):
+            # the source lands whole, and each process builds into a file of its own
+            atomic_write(src, text.encode())
+            tmp = folder / f"k_{key}.{os.getpid()}.{threading.get_ident()}.so"
             cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread"]
             cmd += ["-w", str(src), "-o", str(tmp)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
