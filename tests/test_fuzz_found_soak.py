@@ -407,3 +407,19 @@ def test_column_epilogue_reads_a_broadcast_parameter(backend: str) -> None:
     fd = define(build)
     assert_agrees(fd, [randn(6, 65, dtype=BF16, seed=7), randn(65, dtype=BF16, seed=8)])
     assert "inner_outer" in str(fd.explain())
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
+def test_column_op_after_a_masked_column_reduction(backend: str, dtype: torch.dtype) -> None:
+    """A column sum whose tile reaches past the last column, feeding a column op: the
+    lanes past the end are set to 1 before the op (no log(0) there). Done after the cast
+    to bf16, Triton's interpreter had no bf16 scalar constant (found by test_fuzz in CI:
+    `sum(dims=[0])` then `neg` of a [1, 1] bf16 input)."""
+
+    def build(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([-1, -1], dtype)
+        fd.add_output(fd.ops.neg(fd.ops.sum(x, dims=[0])))
+        fd.add_output(fd.ops.log(fd.ops.sum(fd.ops.abs(x), dims=[0])))
+
+    for shape in ((1, 1), (5, 37)):
+        assert_agrees(define(build), [randn(*shape, dtype=dtype, seed=shape[1])])

@@ -281,13 +281,14 @@ def _epilogue(kw: TritonKernelWriter, em: Emitter, reds: list[Node], chunk: Chun
     after = [n for n in spec.nodes if n.op not in REDUCE and spec.kinds.get(n.out.id) == Kind.COL]
     used = {v.id for n in after for v in n.inputs}
     for n in reds:
-        kw.w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
         if chunk.masked and n.out.id in used and n.out.dtype != DType.bool:
             # the columns past the last hold the identity (a sum's 0, a max's -inf): the
             # column ops after it see 1 there, as from a masked load (log(0) was -inf and
-            # a numpy warning in the interpreter; those lanes are never stored)
+            # a numpy warning in the interpreter; those lanes are never stored). Before the
+            # cast, on the accumulator: the interpreter has no bf16 scalar constant
             one = "1.0" if n.out.dtype.is_float else "1"
             kw.w.line(f"{n.out.name} = tl.where(col_ok{chunk.suffix()}, {n.out.name}, {one})")
+        kw.w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
         em.done.add(em.key(n.out.id, chunk))
         em.maybe_store(n, chunk)
     for n in spec.nodes:  # a finalize kernel computes the scalar values again
