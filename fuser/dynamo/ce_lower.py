@@ -40,7 +40,9 @@ def _target(ctx: LowerCtx, node: fx.Node, bound: int, ignore: int) -> Tensor:
 
 @register(_OPS.cross_entropy.default)
 def _cross_entropy(ctx: LowerCtx, node: fx.Node) -> Any:
-    logits, target, reduction, ignore, smoothing, _upcast = node.args
+    # the seventh argument (aligned) sets the gradient's strides, which the region's
+    # output layout carries out (fd.output_strides); nothing to lower here
+    logits, target, reduction, ignore, smoothing, _upcast = node.args[:6]
     x = ctx.tensor(logits)
     if not x.dtype.is_floating_point or x.ndim != 2:
         raise NotLowerable(f"cross_entropy of {x.dtype} logits of rank {x.ndim}")
@@ -48,12 +50,6 @@ def _cross_entropy(ctx: LowerCtx, node: fx.Node) -> Any:
     xf = ctx.up(x)
     shape = [int(s) for s in xf.shape]
     v = shape[1]
-    raw = ctx.tensor(target)
-    # which targets count: from the unchecked targets, so that the count's kernel (a sum
-    # over [N]) takes nothing of the [N, V] work with it
-    valid = ops.ne(raw, ctx.scalar(ignore, raw.dtype))
-    validf = ops.cast(valid, xf.dtype)
-    count = ops.sum(validf, dims=[0]) if reduction == 1 else None
     t = _target(ctx, target, v, ignore)
     # the row's max and sum of exp: one online pass; lse = log(sum) + max
     m = ops.max(xf, dims=[1])
@@ -69,6 +65,16 @@ def _cross_entropy(ctx: LowerCtx, node: fx.Node) -> Any:
         smooth = ops.sub(ops.mul(lse, float(v)), ops.sum(xf, dims=[1]))
         row = ops.add(ops.mul(row, 1.0 - smoothing), ops.mul(smooth, smoothing / v))
         target_dist = ops.add(ops.mul(target_dist, 1.0 - smoothing), smoothing / v)
+    raw = ctx.tensor(target)
+    # which targets count: from the unchecked targets, so that the count's kernel (a sum
+    # over [N]) takes nothing of the [N, V] work with it. Defined after the row's work:
+    # the segmenter merges along edges in the order of their first node, and a count
+    # defined first merged with the masking of the row losses below, so its kernel came
+    # after the row kernel and the gradient's division by it was split into a kernel of
+    # its own (a [N, V] round trip through memory: float32 logits, which have no cast
+    # to start the row kernel's group earlier)
+    valid = ops.ne(raw, ctx.scalar(ignore, raw.dtype))
+    count = ops.sum(ops.cast(valid, xf.dtype), dims=[0]) if reduction == 1 else None
     row = ops.where(valid, row, 0.0)
     prob = ops.div(e, _rows(ctx, s, shape))
     grad = ops.sub(prob, target_dist)

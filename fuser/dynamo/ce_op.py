@@ -8,7 +8,7 @@ targets for a mean), known as soon as the row's max and sum are. So ce_rewrite.p
 replaces the call, before AOTAutograd, by
 
     loss, grad = fuser::cross_entropy(logits, target, reduction, ignore_index,
-                                      label_smoothing, upcast)
+                                      label_smoothing, upcast, aligned)
 
 whose autograd formula is `grad_logits = fuser::cross_entropy_grad(grad, grad_loss)`:
 the saved gradient scaled by the upstream one. fuser lowers the first into one fused
@@ -21,6 +21,18 @@ reference, the fallback when fuser cannot lower the op, and what runs without a 
   the loss is then float32 (as eager's), the gradient stays in the logits' dtype (eager
   casts its float32 gradient back through the .float() too).
 - reduction: 0 none, 1 mean, 2 sum (torch's Reduction enum, as nll_loss takes it).
+
+`aligned` (the rewrite's choice, ce_rewrite.py): the gradient is returned as [N, V] rows
+`grad_row_stride(V, dtype)` elements apart, V rounded up to 16 bytes, instead of
+contiguous. With GPT-2's odd V = 50257 contiguous rows start 2 bytes past a 16-byte
+boundary (every other row), so the kernel that writes the gradient, and each later one
+that reads it, moves 2-byte elements one at a time: on an H100 the one-pass bf16 kernel
+ran at 1084 GB/s reading aligned logits and writing a contiguous gradient. The layout
+depends on the shape, the dtype and this flag alone, never on the logits' strides: the
+forward graph is rewritten after AOTAutograd traced the backward (pad_mm.py pads the lm
+head and propagates shapes again), and the backward is planned for the strides the saved
+gradient had when it was traced. The eager implementations return the layouts the fakes
+do, so a region that falls back to them hands on what the compiled graph expects.
 """
 
 from __future__ import annotations
@@ -32,6 +44,19 @@ import torch.nn.functional as F
 
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 REDUCTION_CODE = {v: k for k, v in _REDUCTIONS.items()}
+
+
+def grad_row_stride(v: int, dtype: torch.dtype) -> int:
+    """Elements between the gradient's rows: V rounded up to 16 bytes of `dtype`."""
+    per = max(16 // dtype.itemsize, 1)
+    return -(-v // per) * per
+
+
+def _empty_grad(logits: torch.Tensor, aligned: bool) -> torch.Tensor:
+    """An [N, V] buffer for the gradient of `logits`: rows 16-byte aligned, or contiguous."""
+    n, v = logits.shape
+    stride = grad_row_stride(v, logits.dtype) if aligned else v
+    return logits.new_empty_strided((n, v), (stride, 1))
 
 
 def loss_dtype(logits: torch.Tensor, upcast: bool) -> torch.dtype:
@@ -46,6 +71,7 @@ def cross_entropy(
     ignore_index: int,
     label_smoothing: float,
     upcast: bool,
+    aligned: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, d loss / d logits for an upstream gradient of 1 (per row for 'none'))."""
     x = logits.float()
@@ -66,28 +92,34 @@ def cross_entropy(
         scale = scale / valid.sum().to(x.dtype)
         scale = torch.where(valid, scale, 0.0)
     grad = (p - dist) * scale[:, None]
-    return loss.to(loss_dtype(logits, upcast)), grad.to(logits.dtype)
+    return loss.to(loss_dtype(logits, upcast)), _empty_grad(logits, aligned).copy_(grad)
 
 
 @cross_entropy.register_fake
-def _cross_entropy_fake(logits, target, reduction, ignore_index, label_smoothing, upcast):  # type: ignore[no-untyped-def]
+def _cross_entropy_fake(logits, target, reduction, ignore, smoothing, upcast, aligned=False):  # type: ignore[no-untyped-def]
     shape = list(logits.shape[:1]) if reduction == 0 else []
     loss = logits.new_empty(shape, dtype=loss_dtype(logits, upcast))
-    return loss, torch.empty_like(logits, memory_format=torch.contiguous_format)
+    return loss, _empty_grad(logits, aligned)
 
 
 @torch.library.custom_op("fuser::cross_entropy_grad", mutates_args=())
 def cross_entropy_grad(grad: torch.Tensor, grad_loss: torch.Tensor) -> torch.Tensor:
     """The saved unit-upstream gradient times the upstream gradient (a 0-d tensor, or one
-    per row for reduction 'none'), in the gradient's dtype."""
+    per row for reduction 'none'), in the gradient's dtype and strides (aligned rows stay
+    aligned: the backward was traced with them)."""
     g = grad_loss.float()
     g = g[:, None] if g.dim() == 1 else g
-    return (grad.float() * g).to(grad.dtype)
+    return _like(grad).copy_(grad.float() * g)
+
+
+def _like(grad: torch.Tensor) -> torch.Tensor:
+    """A buffer of grad's shape, dtype and strides (padded rows included)."""
+    return grad.new_empty_strided(grad.shape, grad.stride())
 
 
 @cross_entropy_grad.register_fake
 def _cross_entropy_grad_fake(grad, grad_loss):  # type: ignore[no-untyped-def]
-    return torch.empty_like(grad, memory_format=torch.contiguous_format)
+    return _like(grad)
 
 
 def _setup(ctx: Any, inputs: tuple, output: tuple) -> None:
@@ -96,7 +128,7 @@ def _setup(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 def _backward(ctx: Any, grad_loss: torch.Tensor, grad_grad: Any) -> tuple:
     (grad,) = ctx.saved_tensors
-    return cross_entropy_grad(grad, grad_loss), None, None, None, None, None
+    return cross_entropy_grad(grad, grad_loss), None, None, None, None, None, None
 
 
 cross_entropy.register_autograd(_backward, setup_context=_setup)

@@ -15,7 +15,10 @@ when a backward will run (grad mode on, logits requiring grad): there AOTAutogra
 sees `F.cross_entropy` with its arguments, and the upcast `.float()` before it, which it
 would otherwise trace into _to_copy, _log_softmax and nll_loss. A call it does not take
 (class weights, probabilities as targets, a class dim that is not the last of 2) stays
-as it was and takes the old path (log_softmax + nll_loss).
+as it was and takes the old path (log_softmax + nll_loss). Logits made inside the graph
+(the lm head's, a slice of its padded rows) get a gradient whose rows are 16-byte aligned
+(ce_op.py `aligned`): the one-pass kernel and the backward's readers of the gradient then
+move 16-byte vectors where GPT-2's odd vocabulary allowed 2-byte ones.
 
 `scale_saved_gradient_in_place` runs on a backward graph: the saved gradient is read by
 nothing else, so fuser::cross_entropy_grad becomes `ce_scale.scale_in_place`, which
@@ -119,6 +122,16 @@ def _takes(node: fx.Node) -> bool:
     )
 
 
+def _graph_input(n: Any) -> bool:
+    """Whether `n` is a graph input, or views or upcasts of one: the gradient then leaves
+    the graph as that input's, for the caller's autograd (a leaf's AccumulateGrad copies
+    one whose strides are not its own: eager's contiguous rows are kept for it). Logits
+    made in the graph (the lm head, a slice of its padded rows) get aligned rows."""
+    while isinstance(n, fx.Node) and (_is_view(n) or _is_upcast(n)):
+        n = n.args[0]
+    return isinstance(n, fx.Node) and n.op == "placeholder"
+
+
 def one_pass_cross_entropy(gm: fx.GraphModule) -> int:
     """Replace gm's F.cross_entropy calls by fuser::cross_entropy; returns how many."""
     if not torch.is_grad_enabled():
@@ -137,12 +150,14 @@ def one_pass_cross_entropy(gm: fx.GraphModule) -> int:
         want, got = _val(node), _val(src)
         if want is not None and got is not None and want.dtype == torch.float32:
             upcast = upcast or got.dtype != torch.float32
+        aligned = not _graph_input(src)
         with graph.inserting_before(node):
             x = src
             for v in reversed(views):
                 x = graph.call_method(v.target, (x, *v.args[1:]), dict(v.kwargs))
             pair = graph.call_function(
-                torch.ops.fuser.cross_entropy.default, (x, node.args[1], *opts, upcast)
+                torch.ops.fuser.cross_entropy.default,
+                (x, node.args[1], *opts, upcast, aligned),
             )
             loss = graph.call_function(operator.getitem, (pair, 0))
         node.replace_all_uses_with(loss)

@@ -157,20 +157,22 @@ def eager_module(plan: RegionPlan) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), g, "eager_region")
 
 
-def _dense(shape: torch.Size, stride: tuple[int, ...]) -> bool:
-    """Whether the strides are a permutation of some contiguous layout (no gaps, no overlap)."""
+def _non_overlapping(shape: torch.Size, stride: tuple[int, ...]) -> bool:
+    """Whether a fresh buffer can have these strides: each dim steps over all of the ones
+    inside it (a permutation of a contiguous layout, or one with gaps between rows, as
+    fuser::cross_entropy's gradient has), no two elements at one address."""
     expect = 1
     for st, size in sorted((st, size) for size, st in zip(shape, stride) if size != 1):
-        if st != expect:
+        if st < expect:
             return False
-        expect *= size
+        expect = st * size
     return True
 
 
 def _layout(node: fx.Node) -> tuple[int, ...] | None:
     """Strides ATen gives this output when they are not the contiguous ones."""
     m = meta_of(node)
-    if m.is_contiguous() or not _dense(m.shape, m.stride()):
+    if m.is_contiguous() or not _non_overlapping(m.shape, m.stride()):
         return None
     return tuple(m.stride())
 
