@@ -68,11 +68,11 @@ def _cross_entropy(ctx: LowerCtx, node: fx.Node) -> Any:
     raw = ctx.tensor(target)
     # which targets count: from the unchecked targets, so that the count's kernel (a sum
     # over [N]) takes nothing of the [N, V] work with it. Defined after the row's work:
-    # the segmenter merges along edges in the order of their first node, and a count
-    # defined first merged with the masking of the row losses below, so its kernel came
-    # after the row kernel and the gradient's division by it was split into a kernel of
-    # its own (a [N, V] round trip through memory: float32 logits, which have no cast
-    # to start the row kernel's group earlier)
+    # the segmenter merges groups in the order of their first node, and a count defined
+    # first took the masking of the row losses below into its kernel, which then ran
+    # after the row kernel; with float32 logits (no upcast node to start the row's group
+    # first) the gradient's division by the count became a kernel of its own, a [N, V]
+    # float32 round trip through memory
     valid = ops.ne(raw, ctx.scalar(ignore, raw.dtype))
     count = ops.sum(ops.cast(valid, xf.dtype), dims=[0]) if reduction == 1 else None
     row = ops.where(valid, row, 0.0)
