@@ -14,7 +14,9 @@
   the row kernel moves 16-byte vectors of both the logits and the gradient (vector 8 for
   bf16, no narrower store) on both backends, and Triton's sm_90 machine code has the
   16-byte loads and stores (compiled without a GPU);
-- float32 logits with a mean keep one row kernel (the count's kernel runs first).
+- float32 logits with a mean keep one row kernel (the count's kernel runs first);
+- a small lm head padded by pad_mm.py: the backward's pad (+ tangent) kernel reads the
+  aligned gradient, and the gradients are eager's.
 """
 
 from __future__ import annotations
@@ -233,3 +235,36 @@ def test_gpt2_row_kernel_machine_code_has_16_byte_accesses() -> None:
     k = _row_kernel(16384, 50257, 50264, "triton")
     code = get_backend("triton").sass(k)
     assert "LDG.E.128" in code and "STG.E.128" in code, code[:2000]
+
+
+@pytest.mark.parametrize("returns_logits", [False, True])
+def test_padded_lm_head_backward(monkeypatch: pytest.MonkeyPatch, returns_logits: bool) -> None:
+    """GPT-2's step in small: an lm head padded by pad_mm.py (N 45 -> 48), the one-pass
+    cross-entropy over its sliced rows, and the backward's kernel that pads the gradient
+    for the matmuls (plus the returned logits' tangent when the step returns them)
+    reading the aligned gradient rows: gradients as eager's."""
+    from fuser.dynamo import pad_mm
+
+    monkeypatch.setattr(pad_mm, "MIN_MACS", 0)
+    monkeypatch.setattr(pad_mm, "MIN_PADDED_DIM", 1)
+    g = torch.Generator().manual_seed(7)
+    x0, w0 = torch.randn(2, 12, 32, generator=g), torch.randn(45, 32, generator=g) * 0.3
+    target = torch.randint(0, 45, (24,), generator=g)
+
+    def step(x, w):  # noqa: ANN001, ANN202
+        logits = x.bfloat16() @ w.bfloat16().t()
+        loss = F.cross_entropy(logits.view(-1, 45).float(), target)
+        return (loss, logits) if returns_logits else loss
+
+    results, b = [], FuserBackend(strict=True)
+    for fn in (step, torch.compile(step, backend=b)):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        out = fn(x, w)
+        (out[0] if returns_logits else out).backward()
+        results.append((out[0] if returns_logits else out, x.grad, w.grad))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert any("N 45 -> 48" in n for c in b.captures for gr in c.graphs for n in gr.matmuls_padded)
+    bw = b.captures[0].graphs[1]
+    reads = [a for k in bw.kernels for a in k.spec.full_args() if not a.is_output]
+    assert 48 in [a.row_stride for a in reads], [(k.name, k.spec.args) for k in bw.kernels]
