@@ -7,6 +7,7 @@ from __future__ import annotations
 from fuser.dynamo.gemm_call import template_sources
 from fuser.dynamo.lower import GraphRecord
 from fuser.dynamo.region import RegionRecord
+from fuser.dynamo.saved import saved_for_backward, saved_summary
 
 
 def _indent(text: str, by: str = "    ") -> str:
@@ -78,6 +79,8 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
     lines += [f"  {note}" for note in record.attention]
     lines += [f"  {note}" for note in record.scatters]
     lines += [f"  {note}" for note in record.gemm]
+    if record.kind == "forward" and record.module is not None:
+        lines.append("  " + saved_summary(saved_for_backward(record.module)))
     if source and record.module is not None:  # the GEMM template calls' kernels
         lines += [_indent(src) for src in template_sources(record.module)]
     lines += [region_text(r, source, brief) for r in record.regions]

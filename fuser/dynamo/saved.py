@@ -11,10 +11,16 @@ tensor, 3.3 GB at B=16, T=1024, and the largest thing alive when the backward st
 `shape_only_operands` hands nll_loss_backward a zero-stride view of a scalar of the same
 shape and dtype instead, so the log-probabilities are recomputed in the backward from the
 bf16 logits and two per-row values (with _log_softmax decomposed, see backend.py).
+
+`saved_for_backward` lists what a partitioned forward graph keeps (its outputs that
+AOTAutograd labels saved for the backward); `fuser.explain` prints its summary under each
+forward graph, and tests/test_saved_bytes.py holds GPT-2's and Llama's to their sizes.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,3 +78,66 @@ def partition_fn(kind: str) -> Any:
         return inner(joint, joint_inputs, **kwargs)
 
     return partition
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One value a forward graph keeps for the backward."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int | None  # its elements' bytes (a view: its own); None for symbolic sizes
+    is_input: bool  # a graph input (a parameter, say) kept as is: no memory of its own
+
+
+def saved_for_backward(gm: fx.GraphModule) -> list[SavedTensor]:
+    """The tensors a partitioned forward graph returns for the backward, in output order
+    (AOTAutograd's descriptors on the output node say which; none there: an empty list).
+    Saved sizes (SymInts) are left out: they are not tensors."""
+    output = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if output is None:
+        return []
+    descs = output.meta.get("desc") or []
+    values = output.args[0] if output.args else ()
+    if not descs or not isinstance(values, (list, tuple)):
+        return []
+    out = []
+    for desc, value in zip(descs, values):
+        if not type(desc).__name__.startswith("SavedForBackwards"):
+            continue
+        val = value.meta.get("val") if isinstance(value, fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            continue
+        shape = tuple(val.shape)
+        concrete = all(isinstance(d, int) for d in shape)
+        size = val.element_size() * val.numel() if concrete else None
+        is_input = value.op == "placeholder"
+        out.append(SavedTensor(value.name, shape, val.dtype, size, is_input))
+    return out
+
+
+def saved_summary(saved: list[SavedTensor]) -> str:
+    """One line: how many tensors the backward keeps, and the bytes by dtype of those
+    the forward computed (the inputs kept, parameters say, take no memory of their own)."""
+    inputs = sum(s.is_input for s in saved)
+    head = f"saved for the backward: {len(saved)} tensors ({inputs} of them graph inputs)"
+    made = [s for s in saved if not s.is_input]
+    if not made:
+        return head
+    if any(s.nbytes is None for s in made):
+        return f"{head}; symbolic sizes"
+    by_dtype: Counter[torch.dtype] = Counter()
+    count: Counter[torch.dtype] = Counter()
+    for s in made:
+        by_dtype[s.dtype] += s.nbytes or 0
+        count[s.dtype] += 1
+    parts = [
+        f"{str(d).removeprefix('torch.')} {_mb(b)} in {count[d]}"
+        for d, b in sorted(by_dtype.items(), key=lambda kv: (-kv[1], str(kv[0])))
+    ]
+    return f"{head}; computed: {_mb(sum(by_dtype.values()))} ({', '.join(parts)})"
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.2f} MB" if nbytes >= 10_000 else f"{nbytes} B"
