@@ -8,17 +8,23 @@ Triton loop slow and which renderer change would fix it.
     PYTHONPATH=. python benchmarks/outer_variants.py --shapes 8192x3072 --variants replica,prefetch
     PYTHONPATH=. python benchmarks/outer_variants.py --sass           # no GPU: ptxas's view
 
-Each variant is one knob turned from `replica` (the kernel fuser renders today for the h100
-preset: [2, 1024] tiles, 4 warps, 4 blocks a SM of row splits, fuser's tanh helper, row
-masks when the split leaves a ragged last step, an fp32 [rows, cols] accumulator, no FMA
-contraction). The VARIANTS table says which renderer change each stands for. Every
-variant is checked against eager (fuser's bench tolerance) and bit-compared with fuser's
-dx; then timed as fuser's benchmarks time (median, L2 flushed by reading 256 MB between
-repeats, CUDA events). GB/s counts the three [M, N] bf16 tensors once.
+Each variant is one knob turned from `replica`, the kernel fuser rendered for the h100
+preset before the step guard of fuser/codegen/triton/kernels.py (_outer_step): [2, 1024]
+tiles, 4 warps, 4 blocks a SM of row splits, fuser's tanh helper, row masks where the
+split leaves a ragged last step, an fp32 [rows, cols] accumulator, no FMA contraction.
+`step-if` is what fuser renders now (fuser-triton should time as it). The VARIANTS table
+says which renderer change each stands for. Every variant is checked against eager
+(fuser's bench tolerance: "ok") and compared element by element with eager's dx and
+fuser's; then timed as fuser's benchmarks time (median, L2 flushed by reading 256 MB
+between repeats, CUDA events). GB/s counts the three [M, N] bf16 tensors once; "vs"
+columns are speedups over fuser-triton and over replica. fuser's plain column sum (form
+f32) is timed too, with its own bytes: the renderer change reaches it as well.
 
 --sass compiles every variant for sm_90 without a GPU and prints ptxas's registers and the
-instructions of the row loop per element (the loop is issue-bound: 855 SASS instructions a
-step of 16 elements a thread in fuser's kernel today, 53 an element).
+row loop's instructions per element: 857 a step of 16 elements a thread (54 an element)
+in the replica, against 4 16-byte loads and 2 stores; at 8192 x 3072 that is ~42 M warp
+instructions, ~45 us of issue at 1.75 GHz on 132 SMs, as long as the memory traffic, so
+the loop's math and its loads must overlap (hypotheses in VARIANTS).
 """
 
 from __future__ import annotations
@@ -150,7 +156,7 @@ def outer_gelu(dy_ptr, x_ptr, dx_ptr, ws_ptr, ROWS: tl.constexpr, COLS: tl.const
                R: tl.constexpr, C: tl.constexpr, SPLIT: tl.constexpr, STEPS: tl.constexpr,
                MROWS: tl.constexpr, MCOLS: tl.constexpr, TANH: tl.constexpr,
                LOOP: tl.constexpr, STAGES: tl.constexpr, UNROLL: tl.constexpr,
-               ACC_ROWS: tl.constexpr,
+               ACC_ROWS: tl.constexpr, BOUNDED: tl.constexpr,
                INT64: tl.constexpr, EVICT: tl.constexpr):  # fmt: skip
     """Column tile C (program_id 0) x row split SPLIT (program_id 1): STEPS steps of
     [R, C], then this split's partial column sums into the workspace row."""
@@ -191,11 +197,25 @@ def outer_gelu(dy_ptr, x_ptr, dx_ptr, ws_ptr, ROWS: tl.constexpr, COLS: tl.const
             acc = _finish(_dx(dya, xa, TANH), dx_ptr, at, acc, ACC_ROWS)
     else:
         # `range` is tl.range with neither knob (None); "stages" pipelines the loads
-        # through shared memory (cp.async), "unroll" repeats the body
-        for i in tl.range(0, STEPS, num_stages=STAGES, loop_unroll_factor=UNROLL):
-            at = _at(pid, i, cols, SPLIT, R, ROWS, COLS, MROWS, MCOLS, INT64)
-            x, dy = _load(x_ptr, at, EVICT), _load(dy_ptr, at, EVICT)
-            acc = _finish(_dx(dy, x, TANH), dx_ptr, at, acc, ACC_ROWS)
+        # through shared memory (cp.async), "unroll" repeats the body. BOUNDED: each split
+        # walks only its own steps below the rows (a dynamic trip count, no row masks:
+        # where R divides the rows, a step's tile is wholly in or wholly past the end)
+        if BOUNDED == "if":
+            for i in tl.range(0, STEPS, num_stages=STAGES, loop_unroll_factor=UNROLL):
+                if pid + i * SPLIT < ROWS // R:  # uniform: the whole tile or none of it
+                    at = _at(pid, i, cols, SPLIT, R, ROWS, COLS, MROWS, MCOLS, INT64)
+                    x, dy = _load(x_ptr, at, EVICT), _load(dy_ptr, at, EVICT)
+                    acc = _finish(_dx(dy, x, TANH), dx_ptr, at, acc, ACC_ROWS)
+        elif BOUNDED == "range":
+            for s in tl.range(pid, ROWS // R, SPLIT, num_stages=STAGES, loop_unroll_factor=UNROLL):
+                at = _at(s, 0, cols, SPLIT, R, ROWS, COLS, MROWS, MCOLS, INT64)
+                x, dy = _load(x_ptr, at, EVICT), _load(dy_ptr, at, EVICT)
+                acc = _finish(_dx(dy, x, TANH), dx_ptr, at, acc, ACC_ROWS)
+        else:
+            for i in tl.range(0, STEPS, num_stages=STAGES, loop_unroll_factor=UNROLL):
+                at = _at(pid, i, cols, SPLIT, R, ROWS, COLS, MROWS, MCOLS, INT64)
+                x, dy = _load(x_ptr, at, EVICT), _load(dy_ptr, at, EVICT)
+                acc = _finish(_dx(dy, x, TANH), dx_ptr, at, acc, ACC_ROWS)
     part = tl.sum(acc, axis=0, keep_dims=True)
     tl.store(ws_ptr + pid * COLS + cols, part, mask=cols < COLS)
 
@@ -238,6 +258,9 @@ class Variant:
     warps: int = 4
     per_sm: int = 4  # row splits so that column tiles x splits = per_sm x SMs
     exact: bool = False  # splits a power of two dividing the steps: no row mask
+    # no row masks where R divides the rows (a tile is whole or past the end): "range",
+    # each split's own trip count; "if", a uniform branch around a step past the end
+    bounded: str = ""
     tanh: str = "ours"  # ours | fast | mufu | libdevice
     loop: str = "plain"  # plain | prefetch | stages | unroll
     stages: int = 0  # num_stages (stages) or the unroll factor (unroll)
@@ -260,6 +283,8 @@ VARIANTS = [
     V("stages3", "outer loop: tl.range(num_stages=3)", loop="stages", stages=3),
     V("unroll2", "outer loop: tl.range(loop_unroll_factor=2)", loop="unroll", stages=2),
     V("exact", "split a power of 2: no row masks", exact=True),
+    V("bounded", "outer loop: range(pid, steps, split), no row masks", bounded="range"),
+    V("step-if", "outer loop: `if step < steps:` around the body, no row masks", bounded="if"),
     V("acc1", "[1, C] accumulator, tl.sum a step", acc_rows=False),
     V("int64", "index_bits 64", int64=True),
     V("evict-first", "loads evict_first", evict="evict_first"),
@@ -272,6 +297,15 @@ VARIANTS = [
     V("r4c1024w4", "scheduler: [4, 1024] tiles, 4 warps (2 loads a thread)", rows=4),
     V("pf+fast", "prefetch + tanh-fast", loop="prefetch", tanh="fast"),
     V("st3+fast", "stages3 + tanh-fast", loop="stages", stages=3, tanh="fast"),
+    V("if+fast", "step-if + tanh-fast", bounded="if", tanh="fast"),
+    V(
+        "if+st3+fast",
+        "step-if + stages3 + tanh-fast",
+        bounded="if",
+        loop="stages",
+        stages=3,
+        tanh="fast",
+    ),  # fmt: skip
     V("pf+fast+fma", "prefetch + tanh-fast + fma", loop="prefetch", tanh="fast", fma=True),
     V(
         "pf+fast+8/SM",
@@ -279,7 +313,7 @@ VARIANTS = [
         loop="prefetch",
         tanh="fast",
         per_sm=8,
-    ),
+    ),  # fmt: skip
 ]
 
 
@@ -304,8 +338,12 @@ def launch_of(v: Variant, rows: int, cols: int, sms: int) -> Launch:
         while split > 1 and rows % (v.rows * split):
             split //= 2
     steps = -(-rows // (v.rows * split))
-    consts = dict(ROWS=rows, COLS=cols, R=v.rows, C=c, SPLIT=split, STEPS=steps)
-    consts |= dict(MROWS=rows % (v.rows * split) != 0, MCOLS=cols % c != 0, TANH=v.tanh)
+    whole = v.bounded and rows % v.rows == 0 and v.loop in ("plain", "stages", "unroll")
+    bounded = v.bounded if whole else ""
+    consts = dict(BOUNDED=bounded, ROWS=rows, COLS=cols, R=v.rows, C=c, SPLIT=split, STEPS=steps)
+    consts |= dict(
+        MROWS=not bounded and rows % (v.rows * split) != 0, MCOLS=cols % c != 0, TANH=v.tanh
+    )
     consts |= dict(LOOP=v.loop, ACC_ROWS=v.acc_rows, INT64=v.int64)
     consts |= dict(STAGES=v.stages if v.loop == "stages" else None)
     consts |= dict(UNROLL=v.stages if v.loop == "unroll" else None)
@@ -448,8 +486,8 @@ def time_shape(shape: str, names: list[str], with_compile: bool, with_cuda: bool
     nbytes = 3 * rows * cols * 2 + cols * 4
     out: list[dict] = []
 
-    def emit(name: str, ms: float | None, why: str, **extra) -> None:
-        gbps = nbytes / ms / 1e6 if ms else None
+    def emit(name: str, ms: float | None, why: str, moved: int = nbytes, **extra) -> None:
+        gbps = moved / ms / 1e6 if ms else None
         out.append({"shape": shape, "variant": name, "ms": ms, "gbps": gbps, "why": why, **extra})
         print(
             f"  {shape} {name}: {ms and round(ms, 4)} ms {extra.get('error') or ''}",
@@ -478,8 +516,14 @@ def time_shape(shape: str, names: list[str], with_compile: bool, with_cuda: bool
         except Exception as e:  # NVRTC missing: reported, the rest still runs
             emit("fuser-cuda", None, "", error=f"{type(e).__name__}: {str(e)[:120]}")
 
-    # the two-kernel form: dx pointwise (Triton), then fuser's own column sum of dx
+    # the plain column sum (form "f32": dy.float().sum(0)) by fuser, GB/s of its own bytes:
+    # the same outer loop without the producer (what a renderer change does to it)
     f32 = bias_grad_fusion("f32", torch.bfloat16)
+    f32_ms = bench_ms(lambda: f32.execute([dy], backend="triton"))
+    f32_why = f"dy.float().sum(0) alone: {f32.kernels[0].schedule.short()}"
+    emit("fuser-triton f32 sum", f32_ms, f32_why, moved=rows * cols * 2 + cols * 4, plain=True)
+
+    # the two-kernel form: dx pointwise (Triton), then fuser's own column sum of dx
     dx2 = torch.empty_like(dy)
     n, block = rows * cols, 2048
 
@@ -525,19 +569,29 @@ def time_shape(shape: str, names: list[str], with_compile: bool, with_cuda: bool
 
 def print_table(rows_out: list[dict], ceiling: float) -> None:
     print(f"\n{torch.cuda.get_device_name()}; copy {ceiling:.0f} GB/s; ms with the L2 flushed")
-    cols = ["shape", "variant", "ms", "GB/s", "vs fuser", "ok", "dx != eager"]
+    cols = ["shape", "variant", "ms", "GB/s", "vs fuser", "vs replica", "ok", "dx != eager"]
     cols += ["max err / max abs", "dx != fuser", "launch", "stands for"]
     print("| " + " | ".join(cols) + " |")
     print("|---" * len(cols) + "|")
     base = {r["shape"]: r["ms"] for r in rows_out if r["variant"] == "fuser-triton"}
+    replica = {r["shape"]: r["ms"] for r in rows_out if r["variant"] == "replica"}
+
+    def vs(ref: float | None, ms: float) -> str:
+        return f"{ref / ms:.2f}x" if ref else "-"
+
     for r in rows_out:
         if r["ms"] is None:
-            print(f"| {r['shape']} | {r['variant']} | - | - | - | error: {r.get('error')} |")
+            print(f"| {r['shape']} | {r['variant']} | - | - | - | - | error: {r.get('error')} |")
+            continue
+        if r.get("plain"):
+            print(f"| {r['shape']} | {r['variant']} | {r['ms']:.4f} | {r['gbps']:.0f} | "
+                  f"- | - | - | - | - | - | | {r['why']} |")  # fmt: skip
             continue
         ok = "yes" if r.get("ok") else f"NO: {r.get('error')}"
         print(
             f"| {r['shape']} | {r['variant']} | {r['ms']:.4f} | {r['gbps']:.0f} | "
-            f"{base[r['shape']] / r['ms']:.2f}x | {ok} | {r.get('dx_vs_eager', 0):.2%} | "
+            f"{vs(base.get(r['shape']), r['ms'])} | {vs(replica.get(r['shape']), r['ms'])} | "
+            f"{ok} | {r.get('dx_vs_eager', 0):.2%} | "
             f"{r.get('dx_err', 0):.1e} | {r.get('dx_vs_fuser', 0):.2%} | {r.get('launch', '')} | "
             f"{r['why']} |"
         )
