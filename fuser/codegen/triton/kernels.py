@@ -185,7 +185,8 @@ def pointwise(kw: TritonKernelWriter) -> str:
 def outer_reduction(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     # a step is one [rows_per_block, chunk] tile: the plan's row_step wherever the loop
-    # takes more than one step (IGNORED_BY), its row_steps trips, row_guard its row mask
+    # takes more than one step (IGNORED_BY), its row_steps trips, row_guard the guard of
+    # a last step past the rows (_outer_step: a branch a step, or a row mask)
     split = s.split_rows
     ws = [buf.name for buf in s.workspaces]
     extra = [f"{name}_ptr" for name in ws]
@@ -209,24 +210,7 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                 f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
             )
         with w.block(f"for i in range({s.row_steps}):"):
-            idx = f"tl.arange(0, {s.rows_per_block})[:, None]"
-            pid = "tl.program_id(1).to(tl.int64)" if s.index_bits == 64 else "tl.program_id(1)"
-            w.line(f"rows = ({pid} + i * {split}) * {s.rows_per_block} + {idx}")
-            if kw.row_mask:
-                w.line("row_ok = rows < n_rows")
-            inner = Emitter(kw)
-            inner.done |= em.done
-            inner.loaded |= em.loaded
-            for n in spec.nodes:
-                if n.op in REDUCE:
-                    inner.ensure_inputs(n, chunk)
-                    # acc keeps the rows apart; they are folded once after the loop
-                    x = kw.reduce_operand(n, chunk, kw.mask(Kind.FULL, chunk))
-                    acc = f"acc_{n.out.name}"
-                    w.line(f"{acc} = {kw.combine(n.op, acc, x)}")
-                elif spec.kinds.get(n.out.id) in (Kind.FULL, Kind.ROW):
-                    inner.node(n, chunk)
-            kw.flush_reports()  # these rows' index checks
+            _outer_step(kw, em, chunk)
         for n in reds:
             w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=0)}")
         if split > 1:
@@ -274,6 +258,49 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                 w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=0)}")
             _epilogue(kw, fin, reds, chunk)
     return w.text()
+
+
+def _outer_step(kw: TritonKernelWriter, em: Emitter, chunk: Chunk) -> None:
+    """Step i of the row loop: its [rows_per_block, chunk] tile loaded, computed, stored
+    and added to the accumulators."""
+    spec, s, w = kw.spec, kw.s, kw.w
+    rpb, split = s.rows_per_block, s.split_rows
+    idx = f"tl.arange(0, {rpb})[:, None]"
+    pid = "tl.program_id(1).to(tl.int64)" if s.index_bits == 64 else "tl.program_id(1)"
+    # the last step past the rows (row_guard): where rows_per_block divides the rows, each
+    # step's tile is wholly in the rows or wholly past them, so one branch a step guards it
+    # (uniform across the block), not a mask on every load, store and accumulate (the
+    # GELU-backward bias gradient at 8192 x 3072: 857 -> 805 SASS instructions a step)
+    whole = kw.row_mask and spec.rows % rpb == 0
+    if whole:
+        w.line(f"step = {pid} + i * {split}")
+        with w.block(f"if step < {spec.rows // rpb}:"):
+            w.line(f"rows = step * {rpb} + {idx}")
+            kw.row_mask = False  # every row of this tile is in
+            _outer_body(kw, em, chunk)
+            kw.row_mask = True
+        return
+    w.line(f"rows = ({pid} + i * {split}) * {rpb} + {idx}")
+    if kw.row_mask:
+        w.line("row_ok = rows < n_rows")
+    _outer_body(kw, em, chunk)
+
+
+def _outer_body(kw: TritonKernelWriter, em: Emitter, chunk: Chunk) -> None:
+    spec, w = kw.spec, kw.w
+    inner = Emitter(kw)
+    inner.done |= em.done
+    inner.loaded |= em.loaded
+    for n in spec.nodes:
+        if n.op in REDUCE:
+            inner.ensure_inputs(n, chunk)
+            # acc keeps the rows apart; they are folded once after the loop
+            x = kw.reduce_operand(n, chunk, kw.mask(Kind.FULL, chunk))
+            acc = f"acc_{n.out.name}"
+            w.line(f"{acc} = {kw.combine(n.op, acc, x)}")
+        elif spec.kinds.get(n.out.id) in (Kind.FULL, Kind.ROW):
+            inner.node(n, chunk)
+    kw.flush_reports()  # these rows' index checks
 
 
 def _epilogue(kw: TritonKernelWriter, em: Emitter, reds: list[Node], chunk: Chunk) -> None:
