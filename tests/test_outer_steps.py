@@ -1,12 +1,9 @@
-"""The Triton outer reduction's guard of a last row step past the rows (plan.row_guard).
-
-Where rows_per_block divides the rows, each step's [rows_per_block, chunk] tile is wholly
-in the rows or wholly past them: one branch a step guards it (`if step < steps:`), and the
-loads, stores and accumulators carry no row mask (857 -> 805 SASS instructions a step of
-the GELU-backward bias gradient at 8192 x 3072). Elsewhere the row mask stays. Both forms
-against torch on forced schedules, with row splits that leave some blocks one step short
-and some with no step at all (their partials are the reductions' identities), a per-row
-input loaded in the guarded step, and a max beside the sum.
+"""The Triton outer reduction's row loop: its pipelined form (plan.row_stages: the next
+steps' loads issued ahead through shared memory, `tl.range(steps, num_stages=3)`) and its
+row mask of a last step past the rows (plan.row_guard). Against torch on forced schedules,
+with row splits that leave some blocks one step short and some with no step at all (their
+partials are the reductions' identities), loops too short to pipeline, a per-row input,
+and a max beside the sum.
 """
 
 from __future__ import annotations
@@ -57,12 +54,18 @@ def _close(got: torch.Tensor, ref: torch.Tensor, rows: int) -> None:
     torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=2 * eps)
 
 
-# 202 rows: 101 steps of 2 rows (whole tiles: a branch), 50 steps of 4 and a half (a mask);
-# 50 splits leave the last step to half the blocks, 150 splits leave 49 blocks no step
-@pytest.mark.parametrize(
-    "rpb, split, branch", [(2, 50, True), (2, 150, True), (4, 25, False), (4, 60, False)]
-)
-def test_gelu_bias_grad_last_step_guard(rpb: int, split: int, branch: bool) -> None:
+def _loop(plan: CompiledFusion, idx: int, s: Schedule) -> tuple[str, int]:
+    """The row loop's header in the source under `s`, and the plan's row_stages."""
+    k = with_schedule(plan, idx, s).kernels[idx]
+    src = k.source.split("_finalize(")[0]
+    (head,) = [ln.strip() for ln in src.splitlines() if ln.strip().startswith("for i in ")]
+    return head, k.plan.row_stages
+
+
+# 202 rows: 101 steps of 2 rows, 50.5 of 4; 50 splits leave the last step to half the
+# blocks, 150 splits leave 49 blocks no step (and each block 1 step: too few to pipeline)
+@pytest.mark.parametrize("rpb, split", [(2, 50), (2, 150), (4, 25), (4, 60)])
+def test_gelu_bias_grad_row_loop(rpb: int, split: int) -> None:
     rows, cols = 202, 77
     g = torch.Generator().manual_seed(5)
     ins = [torch.randn(rows, cols, generator=g).to(BF16) for _ in range(2)]
@@ -70,9 +73,15 @@ def test_gelu_bias_grad_last_step_guard(rpb: int, split: int, branch: bool) -> N
     plan, idx = _outer(fd, ins)
     s = _forced(plan, idx, rpb, split)
     src = _main_source(plan, idx, s)
-    steps = rows // rpb
-    assert (f"if step < {steps}:" in src) == branch, src
-    assert ("row_ok" in src) != branch, src
+    head, stages = _loop(plan, idx, s)
+    trips = -(-(-(-rows // rpb)) // split)  # steps of the busiest block
+    assert stages == (3 if trips >= 3 else 1), head
+    assert head == (
+        f"for i in tl.range({trips}, num_stages=3):" if stages > 1 else f"for i in range({trips}):"
+    )
+    # a step reaching past the rows, or blocks with fewer steps than the loop: masked rows
+    guarded = rows % (rpb * split) != 0
+    assert ("row_ok" in src) == guarded, src
     got = with_schedule(plan, idx, s).run(ins)
     for g_, r in zip(got, bias_grad_eager("gelu", ins)):
         assert g_.dtype == r.dtype
@@ -94,9 +103,8 @@ def _scaled_rows() -> FusionDefinition:
 
 @pytest.mark.parametrize("rows, split", [(96, 5), (96, 40), (98, 5)])
 def test_per_row_input_max_and_sum(rows: int, split: int) -> None:
-    """A per-row input is loaded in the guarded step with no mask; blocks without a step
-    give max's -inf and sum's 0 as their partials. 98 rows: 49 steps of 2 (a branch) but
-    24.5 of 4 (a mask): whichever rows_per_block the candidate has, both forms agree."""
+    """A per-row input loaded under the row mask, pipelined or not; blocks without a step
+    give max's -inf and sum's 0 as their partials."""
     cols = 45
     g = torch.Generator().manual_seed(rows + split)
     x = torch.randn(rows, cols, generator=g).to(BF16)
@@ -109,9 +117,7 @@ def test_per_row_input_max_and_sum(rows: int, split: int) -> None:
     for rpb in rpbs[:2]:
         s = _forced(plan, idx, rpb, split)
         src = _main_source(plan, idx, s)
-        steps = -(-rows // rpb)
-        guarded = steps % split != 0
-        assert (f"if step < {steps}:" in src) == (guarded and rows % rpb == 0), src
+        assert ("row_ok" in src) == (rows % (rpb * split) != 0), src
         out, cmax, csum = with_schedule(plan, idx, s).run([x, r])
         torch.testing.assert_close(out, y.to(BF16), atol=0, rtol=0)
         torch.testing.assert_close(cmax, y.amax(0), atol=0, rtol=0)

@@ -177,7 +177,7 @@ OUTER_SHAPES = [(8192, 3072), (4096, 1024), (256, 512), (64, 256), (7, 4096), (3
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_outer_row_loop_is_the_plans(backend: str) -> None:
     """Both renderers take the plan's row_steps trips and guard rows only where row_guard
-    says (Triton: a row mask, or a branch a step where its tiles are whole; see
+    says (Triton: a row mask; its loop pipelined row_stages deep, see
     test_outer_steps.py). Triton's step is its [rows_per_block, chunk] tile: the plan's
     row_step wherever the loop takes more than one step (it differs only where the rows
     are fewer than the CUDA block's thread rows: one step either way)."""
@@ -186,9 +186,9 @@ def test_outer_row_loop_is_the_plans(backend: str) -> None:
         p = k.plan
         assert p.row_steps == -(-rows // (p.rows_per_block * p.split_rows)), k.schedule.short()
         assert p.row_steps == 1 or p.row_step == p.rows_per_block, k.schedule.short()
-        guarded = "row_ok" in k.source or "if step < " in k.source
-        assert guarded == p.row_guard, (rows, cols, k.schedule.short())
-        trips = f"range({p.row_steps}):" if backend == "triton" else f"it < {p.row_steps};"
+        assert ("row_ok" in k.source) == p.row_guard, (rows, cols, k.schedule.short())
+        staged = f", num_stages={p.row_stages}" if p.row_stages > 1 else ""
+        trips = f"range({p.row_steps}{staged}):" if backend == "triton" else f"it < {p.row_steps};"
         assert trips in k.source, (rows, cols, k.schedule.short())
 
 

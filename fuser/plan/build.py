@@ -355,12 +355,30 @@ def plan_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
         spec,
         s,
         row_guard=spec.rows % covered != 0,
+        row_stages=_row_stages(spec, s, row_step, -(-spec.rows // covered)),
         workspaces=workspaces,
         row_step=row_step,
         rows_in_flight=row_step // thread_rows,
         row_steps=-(-spec.rows // covered),
         **fin,
     )
+
+
+# the outer row loop's pipeline: a step's loads issued ROW_STAGES - 1 steps ahead through
+# shared memory. The H100 (benchmarks/results/h100-2026-11-27-session6/outer_variants):
+# the GELU-backward bias gradient at 16384 x 3072 went from 0.158 to 0.118 ms with 3
+# stages (2 stages: 0.135), where each step's loads otherwise wait for the step before:
+# the loop is as much math as memory, and nothing else overlaps them
+ROW_STAGES = 3
+STAGE_BYTES = 16 * 1024  # shared memory a stage may take (a block's tile of the loads)
+
+
+def _row_stages(spec: KernelSpec, s: Schedule, row_step: int, steps: int) -> int:
+    loaded = [a for a in spec.args if a.kind == Kind.FULL and not a.is_output]
+    tile = row_step * s.threads_per_row * s.vector * sum(a.dtype.itemsize for a in loaded)
+    if steps < ROW_STAGES or not loaded or tile > STAGE_BYTES:
+        return 1
+    return ROW_STAGES
 
 
 PLANNERS: dict[str, Callable[[KernelSpec, Schedule], KernelPlan]] = {

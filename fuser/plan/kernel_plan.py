@@ -28,6 +28,8 @@ IGNORED_BY = {
     "cuda": {
         "tail": "a CUDA thread covers the tail chunk with tail_vector elements, made from it",
         "walk_args": "the CUDA renderer takes each argument's access width from packs",
+        "row_stages": "the CUDA row loop keeps rows_in_flight loads a thread in registers "
+        "(its own prefetch); it stages no rows in shared memory",
     },
     "triton": {
         "unroll": "Triton chooses its own unroll: it walks walk_width (chunk x unroll) "
@@ -127,6 +129,9 @@ class KernelPlan:
     row_step: int = 0
     rows_in_flight: int = 1
     row_steps: int = 0
+    # outer: the row loop's loads issued row_stages - 1 steps ahead, staged in shared
+    # memory (1: each step's loads wait for the step before it)
+    row_stages: int = 1
     # inner looped: a row is walked walk_width columns an iteration (unroll chunks) up to
     # walk_end; the walk_tail positions after it (cols - walk_end, plus walk_align - 1 for
     # the aligned-start walk's shift: a tail even where walk_end is cols) are one tail walk
@@ -242,6 +247,11 @@ class KernelPlan:
             lines.append(
                 f"  row loop: {self.row_steps} step(s) of {self.row_step} rows a block "
                 f"({self.rows_in_flight} in flight a thread)"
+                + (
+                    f", loads {self.row_stages - 1} step(s) ahead through shared memory"
+                    if self.row_stages > 1
+                    else ""
+                )
             )
         if self.walk_width:
             rest = self.cols - self.walk_end

@@ -185,8 +185,8 @@ def pointwise(kw: TritonKernelWriter) -> str:
 def outer_reduction(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
     # a step is one [rows_per_block, chunk] tile: the plan's row_step wherever the loop
-    # takes more than one step (IGNORED_BY), its row_steps trips, row_guard the guard of
-    # a last step past the rows (_outer_step: a branch a step, or a row mask)
+    # takes more than one step (IGNORED_BY), its row_steps trips (row_stages deep),
+    # row_guard the row mask of a last step past the rows
     split = s.split_rows
     ws = [buf.name for buf in s.workspaces]
     extra = [f"{name}_ptr" for name in ws]
@@ -209,7 +209,13 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
                 f"acc_{n.out.name} = tl.full(({s.rows_per_block}, {s.chunk}), "
                 f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
             )
-        with w.block(f"for i in range({s.row_steps}):"):
+        # row_stages: the loads of the next steps issued ahead, staged in shared memory
+        steps = (
+            f"tl.range({s.row_steps}, num_stages={s.row_stages})"
+            if s.row_stages > 1
+            else f"range({s.row_steps})"
+        )
+        with w.block(f"for i in {steps}:"):
             _outer_step(kw, em, chunk)
         for n in reds:
             w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=0)}")
@@ -262,25 +268,14 @@ def outer_reduction(kw: TritonKernelWriter) -> str:
 
 def _outer_step(kw: TritonKernelWriter, em: Emitter, chunk: Chunk) -> None:
     """Step i of the row loop: its [rows_per_block, chunk] tile loaded, computed, stored
-    and added to the accumulators."""
-    spec, s, w = kw.spec, kw.s, kw.w
-    rpb, split = s.rows_per_block, s.split_rows
-    idx = f"tl.arange(0, {rpb})[:, None]"
+    and added to the accumulators. A last step past the rows (row_guard) is masked row by
+    row: a branch around the step instead would keep Triton from pipelining the loop's
+    loads (row_stages), which is worth more (benchmarks/outer_variants.py: 1.33x against
+    1.11x for the branch at 16384 x 3072)."""
+    s, w = kw.s, kw.w
+    idx = f"tl.arange(0, {s.rows_per_block})[:, None]"
     pid = "tl.program_id(1).to(tl.int64)" if s.index_bits == 64 else "tl.program_id(1)"
-    # the last step past the rows (row_guard): where rows_per_block divides the rows, each
-    # step's tile is wholly in the rows or wholly past them, so one branch a step guards it
-    # (uniform across the block), not a mask on every load, store and accumulate (the
-    # GELU-backward bias gradient at 8192 x 3072: 857 -> 805 SASS instructions a step)
-    whole = kw.row_mask and spec.rows % rpb == 0
-    if whole:
-        w.line(f"step = {pid} + i * {split}")
-        with w.block(f"if step < {spec.rows // rpb}:"):
-            w.line(f"rows = step * {rpb} + {idx}")
-            kw.row_mask = False  # every row of this tile is in
-            _outer_body(kw, em, chunk)
-            kw.row_mask = True
-        return
-    w.line(f"rows = ({pid} + i * {split}) * {rpb} + {idx}")
+    w.line(f"rows = ({pid} + i * {s.split_rows}) * {s.rows_per_block} + {idx}")
     if kw.row_mask:
         w.line("row_ok = rows < n_rows")
     _outer_body(kw, em, chunk)

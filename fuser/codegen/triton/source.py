@@ -27,6 +27,8 @@ def render_triton(plan: KernelPlan) -> str:
     top.comment("\n".join(header_lines(plan.spec, plan.schedule, "triton")))
     top.line("import triton")
     top.line("import triton.language as tl")
+    if "libdevice." in body:
+        top.line("from triton.language.extra.cuda import libdevice")
     top.line()
     for name, value in CONSTANTS.items():
         top.line(f"{name} = tl.constexpr({value})")
