@@ -74,7 +74,8 @@ def test_gelu_bias_grad_row_loop(rpb: int, split: int) -> None:
     s = _forced(plan, idx, rpb, split)
     src = _main_source(plan, idx, s)
     head, stages = _loop(plan, idx, s)
-    trips = -(-(-(-rows // rpb)) // split)  # steps of the busiest block
+    steps = -(-rows // rpb)
+    trips = -(-steps // split)  # steps of the busiest block
     assert stages == (3 if trips >= 3 else 1), head
     assert head == (
         f"for i in tl.range({trips}, num_stages=3):" if stages > 1 else f"for i in range({trips}):"
