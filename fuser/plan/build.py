@@ -376,7 +376,7 @@ STAGE_BYTES = 16 * 1024  # shared memory a stage may take (a block's tile of the
 def _row_stages(spec: KernelSpec, s: Schedule, row_step: int, steps: int) -> int:
     loaded = [a for a in spec.args if a.kind == Kind.FULL and not a.is_output]
     tile = row_step * s.threads_per_row * s.vector * sum(a.dtype.itemsize for a in loaded)
-    if steps < ROW_STAGES or not loaded or tile > STAGE_BYTES:
+    if steps < 2 * ROW_STAGES or not loaded or tile > STAGE_BYTES:
         return 1
     return ROW_STAGES
 
