@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fuser.config import config
 from fuser.errors import ScheduleError
 from fuser.ir.dtypes import accumulator
 from fuser.ir.graph import Node, Value
@@ -270,7 +271,50 @@ def plan_inner_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
         finalize_cols=fin_cols,
         finalize_rows=fin_rows,
         column_rows_shared=shared,
+        row_stages=_inner_outer_stages(spec, s, covered),
     )
+
+
+# the inner_outer row loop's pipeline (as the outer one's, below): each step's loads
+# issued row_stages - 1 steps ahead through shared memory, so that they need not wait for
+# the step before (its row reductions, then the column accumulators). Off by default
+# (unmeasured): FUSER_INNER_OUTER_STAGES=3 (config.inner_outer_stages) turns it on where
+# it fits; benchmarks/inner_outer_variants.py times it against the unstaged loop.
+INNER_OUTER_STAGES = 1
+# shared memory the staged loads of the blocks a SM holds may take: the A100's 164 KB a
+# SM less room for the row reductions' scratch and the 1 KB a block the driver keeps
+STAGED_SMEM_PER_SM = 144 * 1024
+
+
+def _inner_outer_stages(spec: KernelSpec, s: Schedule, covered: int) -> int:
+    """row_stages of an inner_outer row loop: config's (else INNER_OUTER_STAGES), fewer
+    where the buffers of the blocks a SM holds would not fit STAGED_SMEM_PER_SM, and 1
+    (not pipelined) where a block takes fewer than 2 x that many steps (short loops lost
+    to the unstaged ones in the outer reductions). Triton keeps stages - 1 buffers of a
+    step's loads, the column parameters' included (sm_90, the GPT-2 residual form at 768
+    columns: 10.8 KB a buffer, 3 KB of it the fp32 weight). The blocks a SM holds: the
+    estimate's (the grid is the SMs times at most that many); before there is one, as
+    many as its threads allow. Not where several rows a step have a tail chunk: there
+    ptxas gave the staged loop 31-54 more registers than the unstaged one (sm_90, the
+    LayerNorm backward at 8192 x 1600, 2 rows a step of 3 chunks + a 64-column tail: 125
+    -> 169 at 2 stages), a block fewer a SM than the grid needs (a second wave); without
+    a tail, or at one row a step, at most 32 more, and the grid's blocks still fit
+    (benchmarks/inner_outer_variants.py --sass)."""
+    stages = config.inner_outer_stages or INNER_OUTER_STAGES
+    if s.rows_per_block > 1 and s.tail:
+        return 1
+    steps = -(-spec.rows // (s.grid[0] * s.rows_per_block))
+    tiles = [a for a in spec.inputs if a.kind in (Kind.FULL, Kind.COL)]
+    per_row = [a for a in spec.inputs if a.kind == Kind.ROW]
+    step_bytes = s.rows_per_block * (
+        covered * sum(a.dtype.itemsize for a in tiles) + sum(a.dtype.itemsize for a in per_row)
+    )
+    resident = s.estimate.blocks_per_sm if s.estimate else max(2048 // s.threads, 1)
+    while stages > 1 and resident * (stages - 1) * step_bytes > STAGED_SMEM_PER_SM:
+        stages -= 1
+    if stages < 2 or steps < 2 * stages or not any(a.kind == Kind.FULL for a in tiles):
+        return 1
+    return stages
 
 
 def aligned_walk(spec: KernelSpec, v: int) -> tuple[int, tuple[str, ...]]:

@@ -29,7 +29,8 @@ IGNORED_BY = {
         "tail": "a CUDA thread covers the tail chunk with tail_vector elements, made from it",
         "walk_args": "the CUDA renderer takes each argument's access width from packs",
         "row_stages": "the CUDA row loop keeps rows_in_flight loads a thread in registers "
-        "(its own prefetch); it stages no rows in shared memory",
+        "(its own prefetch); it stages no rows in shared memory, and its inner_outer row "
+        "loop none either (no cp.async pipeline is written for it)",
     },
     "triton": {
         "unroll": "Triton chooses its own unroll: it walks walk_width (chunk x unroll) "
@@ -129,8 +130,8 @@ class KernelPlan:
     row_step: int = 0
     rows_in_flight: int = 1
     row_steps: int = 0
-    # outer: the row loop's loads issued row_stages - 1 steps ahead, staged in shared
-    # memory (1: each step's loads wait for the step before it)
+    # outer and inner_outer: the row loop's loads issued row_stages - 1 steps ahead,
+    # staged in shared memory (1: each step's loads wait for the step before it)
     row_stages: int = 1
     # inner looped: a row is walked walk_width columns an iteration (unroll chunks) up to
     # walk_end; the walk_tail positions after it (cols - walk_end, plus walk_align - 1 for
@@ -235,6 +236,11 @@ class KernelPlan:
             lines.append(
                 f"  row loop: {self.grid[0]} blocks walk the rows {self.rows_per_block} at a "
                 f"time, grid-stride, up to {steps} step(s) each"
+                + (
+                    f"; loads {self.row_stages - 1} step(s) ahead through shared memory"
+                    if self.row_stages > 1
+                    else ""
+                )
             )
         elif self.programs:
             lines.append(f"  row loop: {self.programs} resident programs prefetch their next row")

@@ -10,6 +10,14 @@ from fuser.codegen.triton.render import Chunk, TritonKernelWriter, _acc_dtype, _
 from fuser.ir.ops import REDUCE
 from fuser.segmenter import Kind
 
+# Load the column parameters (the weights) once, before the row loop, instead of every
+# step. Off: an experiment's switch (benchmarks/inner_outer_variants.py sets it), not a
+# plan decision yet. In a pipelined loop (row_stages) Triton stages the parameters' loads
+# like the rows' (their share of each buffer, sm_90: 3 KB of 10.8 at 768 fp32 columns),
+# but hoisted they stay in registers: the GPT-2 residual form at 1600 columns took 162
+# registers at 3 stages against 128 (a block fewer a SM than its grid needs).
+HOIST_COLUMNS = False
+
 
 def inner_outer(kw: TritonKernelWriter) -> str:
     spec, s, w = kw.spec, kw.s, kw.w
@@ -36,11 +44,22 @@ def inner_outer(kw: TritonKernelWriter) -> str:
                     f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
                 )
         pid = "tl.program_id(0).to(tl.int64)" if s.index_bits == 64 else "tl.program_id(0)"
-        with w.block(f"for step in range(0, {row_blocks}, {blocks}):"):
+        em = Emitter(kw)
+        if HOIST_COLUMNS:
+            _hoist_columns(kw, em, chunks, epilogue)
+        trips = f"0, {row_blocks}, {blocks}"
+        if s.row_stages > 1:
+            # the loads of the next steps issued ahead, staged in shared memory (else each
+            # step's loads wait for the step before: its row reductions, then the column
+            # accumulators)
+            w.comment(f"the next {s.row_stages - 1} step(s)' loads in flight through shared memory")
+            trips = f"tl.range({trips}, num_stages={s.row_stages})"
+        else:
+            trips = f"range({trips})"
+        with w.block(f"for step in {trips}:"):
             w.line(f"rows = (step + {pid}) * {rpb} + tl.arange(0, {rpb})[:, None]")
             if kw.row_mask:
                 w.line("row_ok = rows < n_rows")
-            em = Emitter(kw)
             for node in spec.nodes:
                 kind = spec.kinds.get(node.out.id)
                 if id(node) in epilogue:
@@ -90,6 +109,25 @@ def _col_setup(kw: TritonKernelWriter, chunks: list[Chunk], rpb: int) -> None:
         kw.w.line(f"cols{sfx} = tl.broadcast_to(pcols{sfx}, ({rpb}, {c.width}))")
         if c.masked:
             kw.w.line(f"col_ok{sfx} = cols{sfx} < {kw.spec.cols}")
+
+
+def _hoist_columns(
+    kw: TritonKernelWriter, em: Emitter, chunks: list[Chunk], epilogue: set[int]
+) -> None:
+    """The column inputs the row loop reads (the weights), loaded before it (HOIST_COLUMNS)."""
+    spec = kw.spec
+    read = {v.id for n in spec.nodes if id(n) not in epilogue for v in n.inputs}
+    params = [
+        a
+        for a in spec.inputs
+        if a.kind == Kind.COL and a.value.id in read and a.value.id not in spec.gathers
+    ]
+    if params:
+        kw.w.comment("the column parameters, the same for every row: loaded once")
+    for a in params:
+        for c in chunks:
+            kw.load(a, c)
+            em.loaded.add(em.key(a.value.id, c))
 
 
 def _accumulate(kw: TritonKernelWriter, em: Emitter, node, chunks: list[Chunk]) -> None:
