@@ -34,6 +34,10 @@ FUSER_GEMM    which runs torch.compile(backend="fuser") graphs' matmuls: "aten" 
               it applies), "auto" (the template where the roofline estimate, or on a GPU a
               measurement made on first use and cached on disk, says it is faster);
               fuser/schedulers/gemm.py
+FUSER_LOOPED_STAGES  the pipeline depth of Triton's inner looped row walks (tl.range num_stages:
+              an iteration's loads issued that many - 1 iterations ahead through shared
+              memory, where fuser/plan/build.py _walk_stages allows it); default 0: the
+              planner's WALK_STAGES; 1: unpipelined
 FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
               (overflow, invalid value, divide by zero) from generated kernels: the test
               suite's check that a kernel computes no inf or NaN that eager does not (default
@@ -63,6 +67,7 @@ class Config:
     scatter: str = "sorted"
     gemm: str = "aten"
     linear_cross_entropy: str = "auto"
+    looped_stages: int = 0
 
 
 def _read() -> Config:
@@ -80,6 +85,7 @@ def _read() -> Config:
         scatter=os.environ.get("FUSER_SCATTER", "sorted") or "sorted",
         gemm=os.environ.get("FUSER_GEMM", "aten") or "aten",
         linear_cross_entropy=os.environ.get("FUSER_LINEAR_CE", "auto") or "auto",
+        looped_stages=int(os.environ.get("FUSER_LOOPED_STAGES", "0") or 0),
     )
 
 
