@@ -38,6 +38,10 @@ FUSER_INNER_OUTER_STAGES  how deep the Triton inner_outer kernels (LayerNorm / R
               backward) pipeline their row loop's loads through shared memory (tl.range
               num_stages; fuser/plan/build.py _inner_outer_stages, which lowers it where the
               buffers would not fit); default 0: the plan's own choice (not staged)
+FUSER_LOOPED_STAGES  the pipeline depth of Triton's inner looped row walks (tl.range num_stages:
+              an iteration's loads issued that many - 1 iterations ahead through shared
+              memory, where fuser/plan/build.py _walk_stages allows it); default 0: the
+              planner's WALK_STAGES; 1: unpipelined
 FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
               (overflow, invalid value, divide by zero) from generated kernels: the test
               suite's check that a kernel computes no inf or NaN that eager does not (default
@@ -68,6 +72,7 @@ class Config:
     gemm: str = "aten"
     linear_cross_entropy: str = "auto"
     inner_outer_stages: int = 0
+    looped_stages: int = 0
 
 
 def _read() -> Config:
@@ -86,6 +91,7 @@ def _read() -> Config:
         gemm=os.environ.get("FUSER_GEMM", "aten") or "aten",
         linear_cross_entropy=os.environ.get("FUSER_LINEAR_CE", "auto") or "auto",
         inner_outer_stages=int(os.environ.get("FUSER_INNER_OUTER_STAGES", "0") or 0),
+        looped_stages=int(os.environ.get("FUSER_LOOPED_STAGES", "0") or 0),
     )
 
 

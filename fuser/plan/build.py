@@ -359,6 +359,8 @@ def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
         walk = dict(
             walk_align=s.vector, walk_stride=stride, walk_args=names, packs=packs, col_guard=True
         )
+    start = width if s.align_walk else 0  # the aligned walk's first iteration is its head
+    widths = {n: p for n, w, p in walk.get("packs") or _packs(spec, {s.vector}) if w == s.vector}
     return _common(
         spec,
         s,
@@ -367,8 +369,46 @@ def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
         walk_end=end,
         walk_tail=tail,
         walk_tail_slots=-(-tail // s.chunk),
+        walk_stages=_walk_stages(spec, s, widths, (end - start) // width),
         **walk,
     )
+
+
+# the looped row walk's pipeline (plan.walk_stages): every loop over the row issues an
+# iteration's loads walk_stages - 1 iterations ahead through shared memory (Triton's
+# tl.range num_stages: cp.async), where each iteration's loads otherwise wait for the
+# previous one's math (the online max and sum's exps, the output pass's). Untimed for the
+# row walk (the outer row loop's is ROW_STAGES, below): 1, off, until
+# benchmarks/looped_variants.py has measured it on a GPU; FUSER_LOOPED_STAGES
+# (config.looped_stages) sets it for a run. sm_90 (no GPU, --sass): the cross-entropy's
+# row kernel (16384 x 50257 bf16, 8 warps, 4096 columns an iteration) took 80 registers
+# unpipelined, 127-128 at 2-4 stages (3 resident blocks a SM -> 2), 8-24 KB shared
+WALK_STAGES = 1
+# cp.async copies 4, 8 or 16 bytes a thread: Triton pipelines no narrower load (a vector 1
+# walk over 2-byte elements, the rows of contiguous odd-width bf16 logits)
+ASYNC_BYTES = 4
+# shared memory the stages of an SM's resident blocks may take: under the A100's 164 KB,
+# so that staging never costs a resident block on any preset
+STAGES_SHARED = 160 * 1024
+
+
+def _walk_stages(spec: KernelSpec, s: Schedule, widths: dict[str, int], iterations: int) -> int:
+    """The row walk's pipeline depth: config.looped_stages or WALK_STAGES where the loop
+    takes at least two iterations a stage (shorter loops lost to their prologue in the
+    outer row loop: 4 steps, 3 stages, 4-9% slower), some load can go through cp.async
+    (`widths`: each argument's elements an access), and the loads of an iteration fit
+    STAGE_BYTES, and the stages - 1 buffers Triton allocates for them STAGES_SHARED for
+    the SM's resident blocks; else 1."""
+    stages = config.looped_stages or WALK_STAGES
+    loaded = [a for a in spec.args if a.kind in (Kind.FULL, Kind.COL) and not a.is_output]
+    staged = [a for a in loaded if widths[a.name] * a.dtype.itemsize >= ASYNC_BYTES]
+    tile = s.chunk * s.unroll * sum(a.dtype.itemsize for a in staged)
+    blocks = s.estimate.blocks_per_sm if s.estimate else 1
+    if stages <= 1 or not staged or iterations < 2 * stages:
+        return 1
+    if tile > STAGE_BYTES or blocks * (stages - 1) * tile > STAGES_SHARED:
+        return 1
+    return stages
 
 
 def plan_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:

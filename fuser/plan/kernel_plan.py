@@ -31,6 +31,8 @@ IGNORED_BY = {
         "row_stages": "the CUDA row loop keeps rows_in_flight loads a thread in registers "
         "(its own prefetch); it stages no rows in shared memory, and its inner_outer row "
         "loop none either (no cp.async pipeline is written for it)",
+        "walk_stages": "a CUDA row walk's iteration keeps its unroll chunks' loads in flight "
+        "in registers; it stages no columns in shared memory",
     },
     "triton": {
         "unroll": "Triton chooses its own unroll: it walks walk_width (chunk x unroll) "
@@ -141,6 +143,10 @@ class KernelPlan:
     walk_end: int = 0
     walk_tail: int = 0
     walk_tail_slots: int = 0
+    # inner looped: every loop over the row (each reduction pass and the output pass)
+    # issues an iteration's loads walk_stages - 1 iterations ahead, staged in shared
+    # memory (1: each iteration's loads wait for the iteration before it)
+    walk_stages: int = 1
     # inner looped, aligned-start walk (0: off): rows whose start is not 16-byte aligned
     # (a contiguous odd width) are walked from their start rounded down to walk_align
     # elements: shift = (row * walk_stride) % walk_align, column = position - shift. The
@@ -273,6 +279,11 @@ class KernelPlan:
                 lines.append(
                     f"  row walk: {self.walk_width} columns an iteration up to {self.walk_end}"
                     + (f", then a tail of {rest}" if rest else "")
+                )
+            if self.walk_stages > 1:
+                lines.append(
+                    f"  row walk loads {self.walk_stages - 1} iteration(s) ahead through "
+                    "shared memory"
                 )
         guards = [
             g

@@ -87,10 +87,16 @@ def _acc_dtype(dtype: DType) -> str:
 
 
 class Chunk:
-    """One column tile of a row: its offset, width and whether it needs a mask."""
+    """One column tile of a row: its offset, width and whether it needs a mask. `split`:
+    loads address `offset + row offset + tl.arange` (the scalar offset apart from the
+    lanes) instead of `row offset + cols`, so that a pipelined loop computes no column
+    tensor for a load that a later stage's iota would keep alive in registers."""
 
-    def __init__(self, index: int | str | None, offset: str, width: int, masked: bool):
+    def __init__(
+        self, index: int | str | None, offset: str, width: int, masked: bool, split: bool = False
+    ):
         self.index, self.offset, self.width, self.masked = index, offset, width, masked
+        self.split = split
 
     def suffix(self) -> str:
         return "" if self.index is None else f"_{self.index}"
@@ -154,6 +160,8 @@ class TritonKernelWriter:
             # the aligned-start walk: the row's aligned base plus the walk position (an
             # argument of another row stride, the same modulo the vector, has its own base)
             base = "row_base" if a.row_stride == self.s.walk_stride else f"row_base_{a.name}"
+            if chunk.split:
+                return f"{base} + {chunk.offset}tl.arange(0, {chunk.width})[None, :]"
             return f"{base} + pos{chunk.suffix()}"
         terms = []
         if a.value.id in self.spec.gathers:  # a gathered table: the row its index names
@@ -164,6 +172,10 @@ class TritonKernelWriter:
         elif a.kind == Kind.ROW or (a.kind == Kind.FULL and self.spec.rows > 1):
             # a ROW pointer is always a [rows, 1] block, also for a single row
             terms.append(f"{rows} * {a.row_stride}" if a.row_stride != 1 else rows)
+        # (an aligned walk's other arguments are read at the true column, cols = pos - shift)
+        split = chunk is not None and chunk.split and not self.s.walk_align
+        if a.kind in (Kind.FULL, Kind.COL) and split and a.col_stride == 1:
+            return chunk.offset + " + ".join([*terms, f"tl.arange(0, {chunk.width})[None, :]"])
         if a.kind in (Kind.FULL, Kind.COL):
             terms.append(f"{cols} * {a.col_stride}" if a.col_stride != 1 else cols)
         return " + ".join(terms) if terms else "0"
