@@ -210,16 +210,21 @@ def test_cross_entropy_staged_walk(
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-def test_default_is_unpipelined(monkeypatch: pytest.MonkeyPatch) -> None:
-    """WALK_STAGES is 1 until a GPU measurement says otherwise: the heuristic's
-    cross-entropy row kernel at GPT-2's 16384 x 50257 (planned from meta tensors for the
-    H100) walks unpipelined, its source as before."""
+def test_default_stages_narrow_walks_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default (build.py WALK_STAGES, WIDE_BYTES) a walk of 16-byte vectors stays
+    unpipelined (the cross-entropy row kernel at GPT-2's 16384 x 50257 bf16: no gain on
+    the H100) and a walk of narrow loads is staged 3 deep (the softmax of 8192 x 50257
+    fp32 rows, one 4-byte element an access: 1.68x); planned from meta tensors."""
     monkeypatch.setattr(config, "looped_stages", 0)  # as when FUSER_LOOPED_STAGES is unset
     x = torch.empty_strided((16384, 50257), (50264, 1), dtype=BF16, device="meta")
     t = torch.empty(16384, dtype=torch.int64, device="meta")
     k = max(_cross_entropy(x, t).compile([x, t], "h100", "triton"), key=lambda k: k.spec.cols)
-    assert k.plan.kind == "inner_looped" and k.plan.walk_stages == 1
+    assert k.plan.kind == "inner_looped" and k.plan.vector == 8 and k.plan.walk_stages == 1
     assert "num_stages" not in k.source and len(_loops(k.source)) == 2
+    y = torch.empty((8192, 50257), dtype=torch.float32, device="meta")
+    (k,) = _softmax("softmax", torch.float32).compile([y], "h100", "triton")
+    assert k.plan.kind == "inner_looped" and k.plan.vector == 1, k.schedule.short()
+    assert k.plan.walk_stages == 3 and "num_stages=3" in k.source
 
 
 def test_cuda_ignores_walk_stages(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -277,10 +277,13 @@ def plan_inner_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
 
 # the inner_outer row loop's pipeline (as the outer one's, below): each step's loads
 # issued row_stages - 1 steps ahead through shared memory, so that they need not wait for
-# the step before (its row reductions, then the column accumulators). Off by default
-# (unmeasured): FUSER_INNER_OUTER_STAGES=3 (config.inner_outer_stages) turns it on where
-# it fits; benchmarks/inner_outer_variants.py times it against the unstaged loop.
-INNER_OUTER_STAGES = 1
+# the step before (its row reductions, then the column accumulators). H100
+# (benchmarks/results/h100-2026-11-27-session6/6-staged/inner_outer.txt), 3 asked and
+# lowered by the rule below: the GPT-2 residual form at 16384 x 768 (2 stages) 1.28x,
+# at 8192 x 1600 (2) 1.34x, LayerNorm at 8192 x 4096 (3) 1.05x, RMSNorm at 8192 x 1600
+# (3) 1.03x; 2 stages where 3 fit lost there (0.90-0.95x). FUSER_INNER_OUTER_STAGES
+# (config.inner_outer_stages) sets it for a run (1: unstaged).
+INNER_OUTER_STAGES = 3
 # shared memory the staged loads of the blocks a SM holds may take: the A100's 164 KB a
 # SM less room for the row reductions' scratch and the 1 KB a block the driver keeps
 STAGED_SMEM_PER_SM = 144 * 1024
@@ -377,13 +380,16 @@ def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
 # the looped row walk's pipeline (plan.walk_stages): every loop over the row issues an
 # iteration's loads walk_stages - 1 iterations ahead through shared memory (Triton's
 # tl.range num_stages: cp.async), where each iteration's loads otherwise wait for the
-# previous one's math (the online max and sum's exps, the output pass's). Untimed for the
-# row walk (the outer row loop's is ROW_STAGES, below): 1, off, until
-# benchmarks/looped_variants.py has measured it on a GPU; FUSER_LOOPED_STAGES
-# (config.looped_stages) sets it for a run. sm_90 (no GPU, --sass): the cross-entropy's
-# row kernel (16384 x 50257 bf16, 8 warps, 4096 columns an iteration) took 80 registers
-# unpipelined, 127-128 at 2-4 stages (3 resident blocks a SM -> 2), 8-24 KB shared
-WALK_STAGES = 1
+# previous one's math (the online max and sum's exps, the output pass's). H100
+# (benchmarks/results/h100-2026-11-27-session6/6-staged/looped.txt): a walk of narrow
+# loads gains (softmax of 8192 x 50257 fp32, one 4-byte element a thread an access: 3
+# stages 1.68x), one of 16-byte vectors does not (the cross-entropy's row kernel, 16384 x
+# 50257 bf16 at vector 8: 0.98x at 3 stages, 0.78x at 2; its registers go from 80 to 128,
+# 3 resident blocks a SM -> 2), so a walk whose every staged access is WIDE_BYTES or more
+# is not staged. FUSER_LOOPED_STAGES (config.looped_stages) sets it for a run, wide
+# walks included.
+WALK_STAGES = 3
+WIDE_BYTES = 16
 # cp.async copies 4, 8 or 16 bytes a thread: Triton pipelines no narrower load (a vector 1
 # walk over 2-byte elements, the rows of contiguous odd-width bf16 logits)
 ASYNC_BYTES = 4
@@ -405,6 +411,9 @@ def _walk_stages(spec: KernelSpec, s: Schedule, widths: dict[str, int], iteratio
     tile = s.chunk * s.unroll * sum(a.dtype.itemsize for a in staged)
     blocks = s.estimate.blocks_per_sm if s.estimate else 1
     if stages <= 1 or not staged or iterations < 2 * stages:
+        return 1
+    wide = all(widths[a.name] * a.dtype.itemsize >= WIDE_BYTES for a in staged)
+    if wide and not config.looped_stages:
         return 1
     if tile > STAGE_BYTES or blocks * (stages - 1) * tile > STAGES_SHARED:
         return 1
