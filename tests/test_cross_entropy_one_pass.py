@@ -217,3 +217,35 @@ def test_autocast_loss_is_float32_as_eager(backend: str) -> None:
     ref.backward()
     torch.testing.assert_close(got.detach(), ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(xc.grad.float(), xr.grad, rtol=2e-2, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "vocab, returned, one_pass", [(64, False, True), (64, True, False), (67, True, True)]
+)
+def test_two_pass_where_the_logits_are_returned_with_aligned_rows(
+    vocab: int, returned: bool, one_pass: bool
+) -> None:
+    """A model that returns its logits keeps them alive: where their rows are 16-byte
+    aligned the two-pass form saves them instead of an [N, V] gradient (ce_rewrite.py
+    _returned); unaligned rows keep the one-pass form (pad_mm copies the logits there
+    anyway). The loss and both gradients as eager's either way."""
+    g = torch.Generator().manual_seed(vocab)
+    x0, w0 = torch.randn(12, 16, generator=g), torch.randn(vocab, 16, generator=g) * 0.3
+    t = torch.randint(0, vocab, (12,), generator=g)
+
+    def step(x, w):  # noqa: ANN001, ANN202
+        logits = x @ w.t()
+        loss = F.cross_entropy(logits, t)
+        return (loss, logits) if returned else loss
+
+    b = FuserBackend(strict=True)
+    got_want = []
+    for fn in (step, torch.compile(step, backend=b)):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        out = fn(x, w)
+        (out[0] if returned else out).backward()
+        got_want.append((out[0] if returned else out, x.grad, w.grad))
+    for got, want in zip(got_want[1], got_want[0]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    fw = b.captures[0].graphs[0]
+    assert ("fuser.cross_entropy" in fw.aten_graph) == one_pass, fw.aten_graph
