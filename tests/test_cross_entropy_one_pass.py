@@ -249,3 +249,7 @@ def test_two_pass_where_the_logits_are_returned_with_aligned_rows(
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     fw = b.captures[0].graphs[0]
     assert ("fuser.cross_entropy" in fw.aten_graph) == one_pass, fw.aten_graph
+    # explain says which form and why (the capture's notes, printed under it)
+    text = "\n".join(b.captures[0].linear_ce)
+    assert ("one pass (loss and gradient" in text) == one_pass, text
+    assert ("two-pass" in text and "returns its logits" in text) != one_pass, text

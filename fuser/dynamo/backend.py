@@ -85,7 +85,7 @@ class Capture:
     # where its first step's time went (tracing, lowering, compiling, first calls)
     timings: timing.Ledger = field(default_factory=timing.Ledger)
     cross_entropy: int = 0  # F.cross_entropy calls made one-pass (ce_rewrite.py)
-    linear_ce: list[str] = field(default_factory=list)  # lm heads found, chunked or not
+    linear_ce: list[str] = field(default_factory=list)  # lm heads and cross-entropies, why
 
     def takes_any(self, ids: set[int]) -> bool:
         """Whether a live input of this capture is one of the tensors with these ids."""
@@ -247,7 +247,7 @@ class FuserBackend:
         t0 = time.perf_counter()
         if config.one_pass_cross_entropy:
             capture.linear_ce = chunk_linear_cross_entropy(gm)
-            capture.cross_entropy = one_pass_cross_entropy(gm)
+            capture.cross_entropy = one_pass_cross_entropy(gm, capture.linear_ce)
         compiled = aot_autograd(**kwargs)(gm, example_inputs)
         spent = time.perf_counter() - t0
         ours = ledger.seconds.get("lowering", 0.0) + ledger.seconds.get("compiling", 0.0)

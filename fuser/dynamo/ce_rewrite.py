@@ -161,8 +161,9 @@ def _graph_input(n: Any) -> bool:
     return isinstance(n, fx.Node) and n.op == "placeholder"
 
 
-def one_pass_cross_entropy(gm: fx.GraphModule) -> int:
-    """Replace gm's F.cross_entropy calls by fuser::cross_entropy; returns how many."""
+def one_pass_cross_entropy(gm: fx.GraphModule, notes: list[str] | None = None) -> int:
+    """Replace gm's F.cross_entropy calls by fuser::cross_entropy; returns how many.
+    `notes` (explain's) gets a line for each call taken or left two-pass, and why."""
     if not torch.is_grad_enabled():
         return 0
     graph = gm.graph
@@ -181,6 +182,13 @@ def one_pass_cross_entropy(gm: fx.GraphModule) -> int:
             # (V=50257): pad_mm returns a copy of the padded logits there, so memory is the
             # same, and the one-pass form's aligned gradient rows keep 16-byte accesses
             # that the two-pass backward's reads of odd rows do not (38.4 against 41.3)
+            if notes is not None:
+                notes.append(
+                    f"cross-entropy {node.name}: two-pass (loss in the forward, gradient in "
+                    "the backward): the graph returns its logits, whose rows are 16-byte "
+                    "aligned, so saving them costs no memory and their own gradient needs "
+                    "the backward's pass anyway (fuser/dynamo/ce_rewrite.py)"
+                )
             continue
         src, views, upcast = _strip(node.args[0])
         # the loss in the dtype eager gives: float32 under autocast (cross-entropy is on
@@ -201,6 +209,12 @@ def one_pass_cross_entropy(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(loss)
         graph.erase_node(node)
         done += 1
+        if notes is not None:
+            notes.append(
+                f"cross-entropy {node.name}: one pass (loss and gradient in the forward, the "
+                f"gradient's rows {'16-byte aligned' if aligned else 'as the input logits'}"
+                "; fuser/dynamo/ce_op.py)"
+            )
     if done:
         graph.eliminate_dead_code()
         gm.recompile()
