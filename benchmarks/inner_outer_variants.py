@@ -50,7 +50,7 @@ import torch
 
 import fuser.codegen.triton.inner_outer as triton_inner_outer
 from fuser.backends.registry import get_backend
-from fuser.frontend.fusion_definition import FusionDefinition
+from fuser.examples.norm_backward import norm_backward_fusion
 from fuser.plan.build import make_plan
 from fuser.runtime.kernel import Kernel
 from fuser.schedulers.device import get_device
@@ -65,40 +65,7 @@ EPS = 1e-5
 # -- the fusions, as fuser's lowering of native_layer_norm_backward writes them ----------
 
 
-def fusion(kind: str, cols: int) -> FusionDefinition:
-    """The backward of `kind` over rows of `cols`; inputs in make_inputs' order."""
-    x_dtype = F32 if kind == "gpt2" else BF16
-    with FusionDefinition(f"{kind}_bwd") as fd:
-        o = fd.ops
-        dy = fd.define_tensor([-1, -1], BF16)
-        x = fd.define_tensor([-1, -1], x_dtype)
-        w = fd.define_tensor([-1], F32)
-        mean = None if kind == "rms" else fd.define_tensor([-1], F32)
-        rstd = fd.define_tensor([-1], F32)
-        dh = fd.define_tensor([-1, -1], F32) if kind == "gpt2" else None
-
-        def rows(v):
-            return o.broadcast_in_dim(v, shape=x.shape, broadcast_dims=[0])
-
-        g = o.cast(dy, F32)
-        xf = o.cast(x, F32) if x_dtype != F32 else x
-        xhat = o.mul(xf if mean is None else o.sub(xf, rows(mean)), rows(rstd))
-        wg = o.mul(g, o.broadcast_in_dim(w, shape=x.shape, broadcast_dims=[1]))
-        c1 = o.div(o.sum(o.mul(wg, xhat), dims=[1]), float(cols))
-        inner = o.sub(wg, o.mul(xhat, rows(c1)))
-        if mean is not None:
-            inner = o.sub(inner, rows(o.div(o.sum(wg, dims=[1]), float(cols))))
-        dx = o.mul(rows(rstd), inner)
-        if dh is not None:
-            out = o.add(dh, dx)
-            fd.add_output(out)
-            fd.add_output(o.cast(out, BF16))
-        else:
-            fd.add_output(o.cast(dx, BF16))
-        fd.add_output(o.sum(o.mul(g, xhat), dims=[0]))
-        if mean is not None:
-            fd.add_output(o.sum(g, dims=[0]))
-    return fd
+fusion = norm_backward_fusion  # dy, x, w, [mean], rstd, [dh] -> the backward of `kind`
 
 
 def make_inputs(kind: str, rows: int, cols: int, device: str) -> list[torch.Tensor]:

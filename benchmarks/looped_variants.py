@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import operator
 import os
 import re
 import sys
@@ -56,14 +55,13 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch import fx
 
 from fuser import FusionDefinition
 from fuser.backends.registry import get_backend
 from fuser.bench.measure import bench_ms, copy_gbps, mismatch
 from fuser.config import config
-from fuser.dynamo.ce_op import grad_row_stride  # also defines torch.ops.fuser.cross_entropy
-from fuser.dynamo.region import RegionPlan, build_definition
+from fuser.dynamo.ce_op import grad_row_stride
+from fuser.dynamo.ce_region import one_pass_fusion
 from fuser.plan.build import make_plan
 from fuser.runtime.executor import CompiledFusion
 from fuser.runtime.kernel import Kernel
@@ -111,22 +109,8 @@ def definition(c: CaseDef, x: torch.Tensor, t: torch.Tensor | None) -> FusionDef
         with FusionDefinition(c.op) as fd:
             fd.add_output(getattr(fd.ops, c.op)(fd.define_tensor([-1, -1], c.dtype)))
         return fd
-    # the region torch.compile(backend="fuser") lowers for fuser::cross_entropy(logits,
-    # target, mean, -100, no smoothing, upcast, aligned gradient rows)
-    g = fx.Graph()
-    xn, tn = g.placeholder("logits"), g.placeholder("target")
-    xm = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    tm = torch.empty(t.shape, dtype=t.dtype, device="meta")
-    xn.meta["val"], tn.meta["val"] = xm, tm
-    args = (xn, tn, 1, -100, 0.0, True, True)
-    val = torch.ops.fuser.cross_entropy(xm, tm, *args[2:])
-    pair = g.call_function(torch.ops.fuser.cross_entropy.default, args)
-    loss = g.call_function(operator.getitem, (pair, 0))
-    grad = g.call_function(operator.getitem, (pair, 1))
-    for n, m in ((pair, val), (loss, val[0]), (grad, val[1])):
-        n.meta["val"] = m
-    g.output((loss, grad))
-    return build_definition(RegionPlan.of([pair, loss, grad]))[0]
+    # the region torch.compile(backend="fuser") lowers for fuser::cross_entropy
+    return one_pass_fusion(x, t)
 
 
 def inputs(c: CaseDef, device: str) -> list[torch.Tensor]:

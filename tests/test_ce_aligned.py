@@ -21,16 +21,13 @@
 
 from __future__ import annotations
 
-import operator
-
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import fx
 
 from fuser.dynamo import FuserBackend
 from fuser.dynamo.ce_op import grad_row_stride
-from fuser.dynamo.region import RegionPlan, build_definition
+from fuser.dynamo.ce_region import one_pass_fusion
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -182,20 +179,9 @@ def test_compiled_matches_eager(layout, dtype, v, reduction, eps, upstream) -> N
 def _row_kernel(rows: int, v: int, stride: int, backend: str, dtype: torch.dtype = BF16):  # noqa: ANN202
     """The one-pass row kernel of a region holding fuser::cross_entropy of [rows, v]
     logits with row stride `stride`, planned for the H100 preset from meta tensors."""
-    g = fx.Graph()
-    x, t = g.placeholder("logits"), g.placeholder("target")
     xm = torch.empty_strided((rows, v), (stride, 1), dtype=dtype, device="meta")
     tm = torch.empty(rows, dtype=torch.int64, device="meta")
-    x.meta["val"], t.meta["val"] = xm, tm
-    args = (x, t, 1, -100, 0.0, True, True)
-    val = torch.ops.fuser.cross_entropy(xm, tm, *args[2:])
-    pair = g.call_function(torch.ops.fuser.cross_entropy.default, args)
-    loss = g.call_function(operator.getitem, (pair, 0))
-    grad = g.call_function(operator.getitem, (pair, 1))
-    for n, m in ((pair, val), (loss, val[0]), (grad, val[1])):
-        n.meta["val"] = m
-    g.output((loss, grad))
-    fd, _ = build_definition(RegionPlan.of([pair, loss, grad]))
+    fd = one_pass_fusion(xm, tm)
     return max(fd.compile([xm, tm], "h100", backend), key=lambda k: k.spec.cols)
 
 

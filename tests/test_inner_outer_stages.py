@@ -17,7 +17,7 @@ import torch
 import fuser.codegen.triton.inner_outer as triton_inner_outer
 from fuser.bench.measure import with_schedule
 from fuser.config import config
-from fuser.frontend.fusion_definition import FusionDefinition
+from fuser.examples.norm_backward import norm_backward_fusion
 from fuser.plan.build import STAGED_SMEM_PER_SM, make_plan
 from fuser.runtime.executor import CompiledFusion
 from fuser.schedulers.device import get_device
@@ -27,42 +27,6 @@ from fuser.schedulers.schedule import Schedule
 F32, BF16 = torch.float32, torch.bfloat16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-5
-
-
-def _fusion(kind: str, cols: int) -> FusionDefinition:
-    """dy, x, w, [mean], rstd, [dh] -> the backward of `kind` ("ln", "gpt2", "rms"), as
-    fuser lowers native_layer_norm_backward: bf16 dy, fp32 parameters and statistics; x
-    bf16 (fp32 in the GPT-2 form, whose dx is the residual gradient dh + dx, written in
-    fp32 and cast to bf16)."""
-    x_dtype = F32 if kind == "gpt2" else BF16
-    with FusionDefinition(f"{kind}_bwd") as fd:
-        o = fd.ops
-        dy = fd.define_tensor([-1, -1], BF16)
-        x = fd.define_tensor([-1, -1], x_dtype)
-        w = fd.define_tensor([-1], F32)
-        mean = None if kind == "rms" else fd.define_tensor([-1], F32)
-        rstd = fd.define_tensor([-1], F32)
-        dh = fd.define_tensor([-1, -1], F32) if kind == "gpt2" else None
-
-        def rows(v):
-            return o.broadcast_in_dim(v, shape=x.shape, broadcast_dims=[0])
-
-        g = o.cast(dy, F32)
-        xf = o.cast(x, F32) if x_dtype != F32 else x
-        xhat = o.mul(xf if mean is None else o.sub(xf, rows(mean)), rows(rstd))
-        wg = o.mul(g, o.broadcast_in_dim(w, shape=x.shape, broadcast_dims=[1]))
-        inner = o.sub(wg, o.mul(xhat, rows(o.div(o.sum(o.mul(wg, xhat), dims=[1]), float(cols)))))
-        if mean is not None:
-            inner = o.sub(inner, rows(o.div(o.sum(wg, dims=[1]), float(cols))))
-        dx = o.mul(rows(rstd), inner)
-        if dh is not None:
-            dx = o.add(dh, dx)
-            fd.add_output(dx)
-        fd.add_output(o.cast(dx, BF16))
-        fd.add_output(o.sum(o.mul(g, xhat), dims=[0]))
-        if mean is not None:
-            fd.add_output(o.sum(g, dims=[0]))
-    return fd
 
 
 def _inputs(kind: str, rows: int, cols: int) -> list[torch.Tensor]:
@@ -105,7 +69,7 @@ def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 def _plan(kind: str, ins: list[torch.Tensor], cols: int) -> tuple[CompiledFusion, int]:
-    fd = _fusion(kind, cols)
+    fd = norm_backward_fusion(kind, cols)
     fd.execute(ins, backend="triton")
     plan = fd._runtime().last
     (idx,) = [i for i, k in plan.kernels.items() if k.schedule.kind == "inner_outer"]
@@ -198,7 +162,7 @@ def _meta(kind: str, rows: int, cols: int) -> list[torch.Tensor]:
 
 def _chosen(kind: str, rows: int, cols: int, monkeypatch, asked: int):
     monkeypatch.setattr(config, "inner_outer_stages", asked)
-    (k,) = _fusion(kind, cols).compile(_meta(kind, rows, cols), "h100", "triton")
+    (k,) = norm_backward_fusion(kind, cols).compile(_meta(kind, rows, cols), "h100", "triton")
     assert k.schedule.kind == "inner_outer"
     return k
 

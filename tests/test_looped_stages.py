@@ -19,21 +19,18 @@ On a GPU the same tests run the pipelined kernels themselves; here, Triton's int
 
 from __future__ import annotations
 
-import operator
 from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import fx
 
-import fuser.dynamo.ce_op  # noqa: F401  (defines torch.ops.fuser.cross_entropy)
 from fuser import FusionDefinition
 from fuser.backends.registry import get_backend
 from fuser.bench.measure import with_schedule
 from fuser.config import config
 from fuser.dynamo.ce_op import grad_row_stride
-from fuser.dynamo.region import RegionPlan, build_definition
+from fuser.dynamo.ce_region import one_pass_fusion
 from fuser.runtime.executor import CompiledFusion
 from fuser.schedulers.device import get_device
 from fuser.schedulers.heuristics import schedule_looped
@@ -142,21 +139,7 @@ def _cross_entropy(x: torch.Tensor, t: torch.Tensor) -> FusionDefinition:
     """The fusion torch.compile(backend="fuser") makes of fuser::cross_entropy (mean,
     ignore_index -100, logits upcast to float32, the gradient in 16-byte aligned rows) for
     logits and targets laid out as `x` and `t`."""
-    g = fx.Graph()
-    xn, tn = g.placeholder("logits"), g.placeholder("target")
-    xm = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    tm = torch.empty(t.shape, dtype=t.dtype, device="meta")
-    xn.meta["val"], tn.meta["val"] = xm, tm
-    args = (xn, tn, 1, -100, 0.0, True, True)
-    val = torch.ops.fuser.cross_entropy(xm, tm, *args[2:])
-    pair = g.call_function(torch.ops.fuser.cross_entropy.default, args)
-    loss = g.call_function(operator.getitem, (pair, 0))
-    grad = g.call_function(operator.getitem, (pair, 1))
-    for n, m in ((pair, val), (loss, val[0]), (grad, val[1])):
-        n.meta["val"] = m
-    g.output((loss, grad))
-    fd, _ = build_definition(RegionPlan.of([pair, loss, grad]))
-    return fd
+    return one_pass_fusion(x, t)
 
 
 # (cols, the logits' row stride, vector, aligned-start walk, stages, pipelined): logits a

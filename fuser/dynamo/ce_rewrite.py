@@ -122,6 +122,13 @@ def _takes(node: fx.Node) -> bool:
     )
 
 
+def _under_views(n: Any) -> Any:
+    """What `n` views or upcasts, through any number of views and upcasts."""
+    while isinstance(n, fx.Node) and (_is_view(n) or _is_upcast(n)):
+        n = n.args[0]
+    return n
+
+
 def _returned(logits: fx.Node) -> bool:
     """Whether the logits (or what they view or upcast) are also an output of the graph: a
     model that returns them. Their gradient then has a backward pass of its own over the
@@ -129,9 +136,7 @@ def _returned(logits: fx.Node) -> bool:
     where nothing flows into it), and they stay alive beside a gradient saved from the
     forward: the one-pass form would cost a pass and an [N, V] buffer more than the
     two-pass one, which saves the logits themselves for the backward."""
-    base = logits
-    while isinstance(base, fx.Node) and (_is_view(base) or _is_upcast(base)):
-        base = base.args[0]
+    base = _under_views(logits)
     if not isinstance(base, fx.Node):
         return False
     seen, todo = {base}, [base]
@@ -156,8 +161,7 @@ def _graph_input(n: Any) -> bool:
     the graph as that input's, for the caller's autograd (a leaf's AccumulateGrad copies
     one whose strides are not its own: eager's contiguous rows are kept for it). Logits
     made in the graph (the lm head, a slice of its padded rows) get aligned rows."""
-    while isinstance(n, fx.Node) and (_is_view(n) or _is_upcast(n)):
-        n = n.args[0]
+    n = _under_views(n)
     return isinstance(n, fx.Node) and n.op == "placeholder"
 
 

@@ -284,8 +284,10 @@ def plan_inner_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
 # (3) 1.03x; 2 stages where 3 fit lost there (0.90-0.95x). FUSER_INNER_OUTER_STAGES
 # (config.inner_outer_stages) sets it for a run (1: unstaged).
 INNER_OUTER_STAGES = 3
-# shared memory the staged loads of the blocks a SM holds may take: the A100's 164 KB a
-# SM less room for the row reductions' scratch and the 1 KB a block the driver keeps
+# shared memory the staged loads of the blocks a SM holds may take (every pipelined
+# loop: inner_outer, looped): the A100's 164 KB a SM less room for the reductions'
+# scratch and the 1 KB a block the driver keeps, so staging costs no resident block on
+# any preset
 STAGED_SMEM_PER_SM = 144 * 1024
 
 
@@ -393,9 +395,6 @@ WIDE_BYTES = 16
 # cp.async copies 4, 8 or 16 bytes a thread: Triton pipelines no narrower load (a vector 1
 # walk over 2-byte elements, the rows of contiguous odd-width bf16 logits)
 ASYNC_BYTES = 4
-# shared memory the stages of an SM's resident blocks may take: under the A100's 164 KB,
-# so that staging never costs a resident block on any preset
-STAGES_SHARED = 160 * 1024
 
 
 def _walk_stages(spec: KernelSpec, s: Schedule, widths: dict[str, int], iterations: int) -> int:
@@ -403,8 +402,8 @@ def _walk_stages(spec: KernelSpec, s: Schedule, widths: dict[str, int], iteratio
     takes at least two iterations a stage (shorter loops lost to their prologue in the
     outer row loop: 4 steps, 3 stages, 4-9% slower), some load can go through cp.async
     (`widths`: each argument's elements an access), and the loads of an iteration fit
-    STAGE_BYTES, and the stages - 1 buffers Triton allocates for them STAGES_SHARED for
-    the SM's resident blocks; else 1."""
+    STAGE_BYTES, and the stages - 1 buffers Triton allocates for them STAGED_SMEM_PER_SM
+    for the SM's resident blocks; else 1."""
     stages = config.looped_stages or WALK_STAGES
     loaded = [a for a in spec.args if a.kind in (Kind.FULL, Kind.COL) and not a.is_output]
     staged = [a for a in loaded if widths[a.name] * a.dtype.itemsize >= ASYNC_BYTES]
@@ -415,7 +414,7 @@ def _walk_stages(spec: KernelSpec, s: Schedule, widths: dict[str, int], iteratio
     wide = all(widths[a.name] * a.dtype.itemsize >= WIDE_BYTES for a in staged)
     if wide and not config.looped_stages:
         return 1
-    if tile > STAGE_BYTES or blocks * (stages - 1) * tile > STAGES_SHARED:
+    if tile > STAGE_BYTES or blocks * (stages - 1) * tile > STAGED_SMEM_PER_SM:
         return 1
     return stages
 
@@ -458,7 +457,8 @@ def plan_outer(spec: KernelSpec, s: Schedule) -> KernelPlan:
 
 
 # the outer row loop's pipeline: a step's loads issued ROW_STAGES - 1 steps ahead through
-# shared memory. The H100 (benchmarks/results/h100-2026-11-27-session6/outer_variants):
+# shared memory. The H100 (benchmarks/results/h100-2026-11-27-session6/3-ce-outer/
+# outer_variants.txt):
 # the GELU-backward bias gradient at 16384 x 3072 went from 0.158 to 0.118 ms with 3
 # stages (2 stages: 0.135), where each step's loads otherwise wait for the step before:
 # the loop is as much math as memory, and nothing else overlaps them
