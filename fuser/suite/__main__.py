@@ -71,6 +71,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
     if "eager" in impls:  # parity is against eager: it runs first
         impls = ["eager"] + [i for i in impls if i != "eager"]
     results: list[Result] = []
+    log = None
+    if args.out:  # one line per result as it comes: a run cut short keeps what it had
+        args.out.mkdir(parents=True, exist_ok=True)
+        log = (args.out / "suite.jsonl").open("w")
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         base, base_grads = None, {}
         for impl in impls:
@@ -81,6 +85,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 judge(res, grads, base, base_grads)
             del grads
             results.append(res)
+            if log:
+                log.write(json.dumps({**asdict(res), "ok": res.ok, "coverage": res.coverage}))
+                log.write("\n")
+                log.flush()
             state = "ERROR" if res.error else ("pass" if res.ok else "PARITY FAIL")
             print(
                 f"{name:9s} {impl:9s} {state:11s} {res.ms_per_step:9.1f} ms/step "
@@ -92,11 +100,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
         del base_grads
     text = table(results)
     print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with (args.out / "suite.jsonl").open("w") as f:
-            for r in results:
-                f.write(json.dumps({**asdict(r), "ok": r.ok, "coverage": r.coverage}) + "\n")
+    if log:
+        log.close()
         (args.out / "suite.md").write_text(text + "\n")
     return results
 
