@@ -59,3 +59,30 @@ def test_judge_sees_a_wrong_gradient_and_a_wrong_loss() -> None:
     assert judged(wrong, [2.0, 1.5]).grad_err_param == "w"
     assert not judged(dict(want), [2.0, 1.6]).parity
     assert not judged({"w": want["w"]}, [2.0, 1.5]).parity  # a gradient missing
+
+
+def test_judge_against_an_fp32_reference() -> None:
+    """On a GPU eager runs under bf16 autocast: a gradient that is bf16 noise for eager too
+    passes if fuser's error against the fp32 step is within twice eager's own; a larger
+    one fails, however close the tolerance would call it."""
+    g = torch.Generator().manual_seed(1)
+    ref_grads = {"w": torch.randn(64, generator=g), "b": torch.randn(64, generator=g)}
+    reference = Result("m", "full", "eager", "cuda", losses=[3.0, 2.5])
+    noise = torch.randn(64, generator=g)
+    eager_grads = {"w": ref_grads["w"] + 0.2 * noise, "b": ref_grads["b"]}  # 20% off, as bf16
+    eager = Result("m", "full", "eager", "cuda", losses=[3.001, 2.502])
+
+    def judged(grads: dict, losses: list[float]) -> Result:
+        r = Result("m", "full", "fuser", "cuda", losses=losses)
+        judge(r, grads, eager, eager_grads, reference, ref_grads)
+        return r
+
+    other_noise = torch.randn(64, generator=g)
+    similar = {"w": ref_grads["w"] + 0.2 * other_noise, "b": ref_grads["b"]}
+    assert judged(similar, [3.002, 2.503]).parity  # ~0.28 off eager, as far as eager is
+    assert not judged(similar, [3.002, 2.503]).max_grad_err < 0.08  # the plain rule fails it
+    far = {"w": ref_grads["w"] + 0.6 * other_noise, "b": ref_grads["b"]}
+    assert not judged(far, [3.002, 2.503]).parity  # three times eager's noise
+    wrong_b = dict(similar, b=ref_grads["b"] * 1.05)  # exact for eager: 5% is an error
+    assert not judged(wrong_b, [3.002, 2.503]).parity
+    assert not judged(similar, [3.05, 2.503]).parity  # a loss 0.05 off, eager's 0.001

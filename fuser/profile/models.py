@@ -4,7 +4,9 @@ Models: the project's GPT-2 (fuser.examples.gpt2: gpt2 is its 124M configuration
 gpt2-small and gpt2-tiny smaller ones) and models from `transformers` built from a
 configuration, with random weights and no download (llama-125m: LlamaForCausalLM of
 hidden 768, 12 layers, 12 heads, MLP 2048, vocabulary 32000; hf-gpt2: GPT2LMHeadModel
-at GPT-2's 124M; llama-tiny, hf-gpt2-tiny for a CPU). As in benchmarks/gpt2_bench.py: on a
+at GPT-2's 124M; llama-tiny, hf-gpt2-tiny for a CPU); and every family of the model suite
+as `suite:<family>` (its full size and batch, `--batch` and `--seq` aside) or
+`suite:<family>-tiny`. As in benchmarks/gpt2_bench.py: on a
 GPU the forward runs under bf16 autocast and AdamW is the fused one; every backend starts
 from the same weights (one seed) and trains on the same batch.
 """
@@ -18,9 +20,14 @@ from typing import Any
 import torch
 
 from fuser.examples.gpt2 import GPT, get_config
+from fuser.suite import models as suite
 from fuser.suite.run import compiled
 
-MODELS = ("gpt2", "gpt2-small", "gpt2-tiny", "llama-125m", "llama-tiny", "hf-gpt2", "hf-gpt2-tiny")
+MODELS = (
+    ("gpt2", "gpt2-small", "gpt2-tiny", "llama-125m", "llama-tiny", "hf-gpt2", "hf-gpt2-tiny")
+    + tuple(f"suite:{name}" for name in suite.FAMILIES)
+    + tuple(f"suite:{name}-tiny" for name in suite.FAMILIES)
+)
 BACKENDS = ("fuser", "inductor", "eager")
 
 
@@ -83,7 +90,17 @@ def training_step(
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.empty_cache()
-    model, vocab, what = build(name, seq, device, seed)
+    suite_kwargs = None
+    if name.startswith("suite:"):  # the suite's own model, size and batch
+        family = name.removeprefix("suite:").removesuffix("-tiny")
+        size = "tiny" if name.endswith("-tiny") else "full"
+        model = suite.build(family, size, device, seed)
+        suite_kwargs = suite.batch(family, size, model, device, seed + 1)
+        b, n = suite.shape(suite.FAMILIES[family], size, device)
+        vocab, what = 0, f"{type(model).__name__} {name} (transformers, the suite's {size} size)"
+        batch, seq = b, n
+    else:
+        model, vocab, what = build(name, seq, device, seed)
     if param_dtype not in PARAM_DTYPES:
         raise ValueError(f"param_dtype={param_dtype!r}; expected one of {list(PARAM_DTYPES)}")
     model = model.to(PARAM_DTYPES[param_dtype])
@@ -91,14 +108,18 @@ def training_step(
     opt = torch.optim.AdamW(
         model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda
     )
-    g = torch.Generator().manual_seed(seed + 1)
-    idx = torch.randint(0, vocab, (batch, seq + 1), generator=g)
-    x, y = idx[:, :-1].to(device), idx[:, 1:].to(device)
+    if suite_kwargs is None:
+        g = torch.Generator().manual_seed(seed + 1)
+        idx = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+        x, y = idx[:, :-1].to(device), idx[:, 1:].to(device)
     hf = not name.startswith("gpt2")
 
     def step() -> None:
         with torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=cuda):
-            loss = _loss(step_model, x, y, hf)
+            if suite_kwargs is not None:
+                loss = step_model(**suite_kwargs).loss
+            else:
+                loss = _loss(step_model, x, y, hf)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

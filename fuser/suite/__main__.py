@@ -77,12 +77,17 @@ def main(argv: list[str] | None = None) -> list[Result]:
         log = (args.out / "suite.jsonl").open("w")
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         base, base_grads = None, {}
+        ref, ref_grads = None, {}
+        if not cpu and "eager" in impls:  # the fp32 step every bf16 one is judged against
+            ref, ref_grads = train(name, args.size, "eager", device, steps, warmup, amp=False)
+            if ref.error:
+                print(f"{name:9s} fp32 reference failed: {ref.error.strip().splitlines()[-1]}")
         for impl in impls:
             res, grads = train(name, args.size, impl, device, steps, warmup)
             if impl == "eager":
                 base, base_grads = res, grads
             elif base is not None:
-                judge(res, grads, base, base_grads)
+                judge(res, grads, base, base_grads, ref, ref_grads)
             del grads
             results.append(res)
             if log:
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
             )
             if res.error:
                 print(res.error.strip().splitlines()[-1], flush=True)
-        del base_grads
+        del base_grads, ref_grads
     text = table(results)
     print(text)
     if log:
