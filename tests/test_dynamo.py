@@ -570,6 +570,23 @@ def test_row_views_do_not_split_regions():
     assert not others, others
 
 
+def test_row_views_do_not_split_a_written_out_gelu():
+    """transformers' NewGELU (0.5 x (1 + tanh(c (x + 0.044715 x^3)))) between two linears of
+    a [B, T, C] input: its backward was split at every row view into five kernels (pow,
+    rsub, alias and mul.Scalar were not known as elementwise). One region a pass now."""
+
+    def f(x, w1, b1, w2):
+        h = torch.nn.functional.linear(x, w1, b1)
+        g = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * torch.pow(h, 3.0))))
+        return torch.nn.functional.linear(g, w2)
+
+    args = [rand(2, 5, 8), rand(24, 8, seed=1), rand(24, seed=2), rand(8, 24, seed=3)]
+    backend, _ = run_both(f, args)
+    for graph in backend.captures[0].graphs:
+        tanh = [r.ops for r in graph.fused if "tanh" in r.ops or "pow" in r.ops]
+        assert len(tanh) == 1, (graph.kind, [r.ops for r in graph.fused])
+
+
 def test_a_lowering_crash_leaves_the_graph_to_aten(monkeypatch):
     import fuser.dynamo.lower as lower
 

@@ -37,8 +37,16 @@ ELEMENTWISE = (
     | set(pointwise.ARITH)
     | set(pointwise.COMPARE)
     | set(pointwise.LOGICAL)
-    | {aten.where.self, aten.gelu.default, aten.gelu_backward.default, aten.clone.default}
+    | {aten.gelu.default, aten.gelu_backward.default, aten.clone.default, aten.alias.default}
     | {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+    # the elementwise ops pointwise.py lowers one by one (a chain of them, a GELU written
+    # out as transformers' NewGELU does, was split at every row view it crossed)
+    | {aten.rsub.Scalar, aten.rsub.Tensor, aten.pow.Tensor_Scalar, aten.div.Tensor_mode}
+    | {aten.addcmul.default, aten.addcdiv.default, aten.lerp.Scalar, aten.lerp.Tensor}
+    | {aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar}
+    | {aten.masked_fill.Scalar, aten.masked_fill.Tensor}
+    | {aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor}
+    | {aten.clamp_max.default, aten.clamp_max.Tensor}
 )
 
 
