@@ -191,3 +191,17 @@ def test_fused_rms_norm_lowered():
     ref.backward(g)
     for got, want in ((y, ey), (rstd, erstd), (dx, xr.grad), (dw, wr.grad)):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_transposed_view_made_contiguous_is_a_fused_copy(backend: str):
+    """`.contiguous()` of a permuted view (attention's head split and merge) is a copy into
+    another layout: a kernel reading through the strides, not the region 'computing
+    nothing' that left it to ATen's strided copy (about a quarter of copy bandwidth)."""
+
+    def f(x):
+        return (x.permute(0, 2, 1, 3).contiguous(),)
+
+    x = rand(2, 257, 32, 65, grad=False)  # >= 2**20 elements: a copy worth a kernel
+    fb, ((eager, _), (fused, _)) = run_both(f, [x])
+    assert fused[0].is_contiguous() and torch.equal(fused[0], eager[0])
+    assert "clone" in fused_ops(fb)

@@ -115,7 +115,12 @@ def build_definition(plan: RegionPlan) -> tuple[FusionDefinition, list[tuple[str
         if not isinstance(t, Tensor):
             raise NotLowerable(f"region output {o.name} is not a tensor")
         j = next((j for j, i in enumerate(inputs) if i.value.id == t.value.id), None)
-        if j is not None:
+        if j is not None and _relayout(plan.inputs[j], o):
+            # a clone into another layout (a transposed view made contiguous): the input
+            # itself is not the output, a copy is; an identity read of the last dim is one
+            n = t.shape[-1] if t.ndim else 1
+            t = fd.ops.view(t, t.ndim - 1, n, 1, 0, 0, n) if t.ndim else fd.ops.cast(t, t.dtype)
+        elif j is not None:
             slots.append(("in", j))
             continue
         if t.value.id not in added:
@@ -133,6 +138,16 @@ def build_definition(plan: RegionPlan) -> tuple[FusionDefinition, list[tuple[str
     shared = _DEFINITIONS.setdefault(key, fd)
     shared.name = "fx_" + digest(key)[:10]
     return shared, slots
+
+
+def _relayout(src: fx.Node, out: fx.Node) -> bool:
+    """Whether region output `out`, an identity of input `src`, has other strides (a
+    clone of a transposed view: ATen's result is contiguous, the input is not)."""
+    a, b = meta_of(src), meta_of(out)
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.numel() <= 1:
+        return False
+    dims = [i for i, size in enumerate(b.shape) if size != 1]
+    return any(a.stride()[i] != b.stride()[i] for i in dims)
 
 
 def meta_inputs(plan: RegionPlan) -> list[torch.Tensor]:
