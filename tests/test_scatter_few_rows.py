@@ -48,7 +48,9 @@ def _assert_close(got, want, src, index, rows, dtype) -> None:
         tol = tol + want.abs() * 2**-8
     err = (got.double() - want).abs()
     assert got.dtype == dtype
-    assert bool((err <= tol).all()), f"max error {float(err.max()):.3g} (tol {float(tol.max()):.3g})"
+    assert bool((err <= tol).all()), (
+        f"max error {float(err.max()):.3g} (tol {float(tol.max()):.3g})"
+    )
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -84,8 +86,13 @@ def test_plans_by_regime():
 # -- few rows, many tokens: the table ---------------------------------------------------------
 @pytest.mark.parametrize(
     "rows, tokens, cols, dtype",
-    [(4, 5000, 12, torch.float32), (4, 5000, 12, BF16), (2, 3000, 64, BF16),
-     (2, 3000, 64, torch.float32), (19, 2500, 40, torch.float32)],  # fmt: skip
+    [
+        (4, 5000, 12, torch.float32),
+        (4, 5000, 12, BF16),
+        (2, 3000, 64, BF16),
+        (2, 3000, 64, torch.float32),
+        (19, 2500, 40, torch.float32),
+    ],  # fmt: skip
 )
 def test_table_matches_aten_and_repeats_bits(rows, tokens, cols, dtype):
     src, index = _data(rows, tokens, cols, dtype, seed=rows * cols)
@@ -114,7 +121,7 @@ def test_t5_layout_int32_index_padding_and_freq():
 
 @pytest.mark.parametrize("how", ["table", "split", "runs"])
 def test_index_add_and_index_put_with_base(how):
-    src, index = _data(5, 2000, 24, torch.float32, seed=11)
+    src, index = _data(5, 900, 24, torch.float32, seed=11)
     base = torch.randn(5, 24)
     plan = plan_for(src, index, 5, torch.float32, has_base=True, how=how)
     assert plan.kind == how, plan.explain()
@@ -170,18 +177,18 @@ def test_empty_index(how):
 
 # -- many rows: runs and split ------------------------------------------------------------
 def test_many_rows_runs_and_split():
-    src, index = _data(300, 2000, 24, torch.float32, seed=8, skew=False)
-    assert plan_for(src, index, 300, torch.float32).kind == "runs"
-    got = embedding_backward(src, index, 300, 7)
-    _assert_close(got, aten.embedding_dense_backward(src.double(), index, 300, 7, False),
-                  src, index, 300, torch.float32)  # fmt: skip
-    src, index = _data(150, 6000, 13, BF16, seed=9)  # 40 tokens a row: split
-    plan = plan_for(src, index, 150, BF16)
+    src, index = _data(200, 1000, 24, torch.float32, seed=8, skew=False)
+    assert plan_for(src, index, 200, torch.float32).kind == "runs"
+    got = embedding_backward(src, index, 200, 7)
+    _assert_close(got, aten.embedding_dense_backward(src.double(), index, 200, 7, False),
+                  src, index, 200, torch.float32)  # fmt: skip
+    src, index = _data(140, 4800, 13, torch.float32, seed=9, skew=False)  # 34 a row: split
+    plan = plan_for(src, index, 140, torch.float32)
     assert plan.kind == "split" and plan.parts == 3, plan.explain()
-    got = embedding_backward(src, index, 150)
-    want = aten.embedding_dense_backward(src.double(), index, 150, -1, False)
-    _assert_close(got, want, src, index, 150, BF16)
-    assert _same_bits(got, embedding_backward(src, index, 150))
+    got = embedding_backward(src, index, 140)
+    want = aten.embedding_dense_backward(src.double(), index, 140, -1, False)
+    _assert_close(got, want, src, index, 140, torch.float32)
+    assert _same_bits(got, embedding_backward(src, index, 140))
 
 
 def test_runs_skip_the_padding_rows_run():
@@ -196,12 +203,14 @@ def test_runs_skip_the_padding_rows_run():
 
 # -- sm_90 without a GPU, torch.compile ---------------------------------------------------
 def test_table_and_finalize_compile_for_sm90_without_spills():
-    from fuser.runtime.scatter import resources
+    """ptxas for sm_90, no GPU: T5's table in fp32 (exact FMA products) and BERT's token
+    types in bf16 (tensor cores), each with its finalize, keep everything in registers."""
+    from fuser.runtime.scatter import resources_of
 
-    for plan, dtype in ((_plan(32, 262144, 12), "torch.float32"),
-                        (_plan(2, 4096, 768), "torch.bfloat16")):  # fmt: skip
-        r = resources(plan, dtype)
+    pairs = [(_plan(32, 262144, 12), "torch.float32"), (_plan(2, 4096, 768), "torch.bfloat16")]
+    for r in resources_of(pairs):
         assert r["spill_bytes"] == 0 and r["finalize"]["spill_bytes"] == 0, r
+        assert r["registers"] <= 128 and r["finalize"]["registers"] <= 128, r
 
 
 def test_compiled_few_row_embedding_takes_the_table():

@@ -302,12 +302,24 @@ def resources(plan: ScatterPlan, src_dtype: str, arch: str = "sm_90") -> dict:
     """Registers and spills ptxas gives the plan's kernel for `arch`, compiled without a
     GPU (fuser/runtime/resources.py; in a child process where this one interprets); with
     a finalize, its figures under "finalize"."""
+    return resources_of([(plan, src_dtype)], arch)[0]
+
+
+def resources_of(plans: list[tuple[ScatterPlan, str]], arch: str = "sm_90") -> list[dict]:
+    """`resources` of several (plan, src dtype) pairs, compiled in one child process."""
     main = {"runs": "scatter_sorted", "split": "scatter_sorted", "table": "scatter_table"}
-    jobs = [_job(plan, src_dtype, main.get(plan.kind, "scatter_atomic"), arch)]
-    if plan.finalize is not None:
-        jobs.append(_job(plan, src_dtype, "scatter_finalize", arch))
+    jobs, ends = [], []
+    for plan, src_dtype in plans:
+        jobs.append(_job(plan, src_dtype, main.get(plan.kind, "scatter_atomic"), arch))
+        if plan.finalize is not None:
+            jobs.append(_job(plan, src_dtype, "scatter_finalize", arch))
+        ends.append(len(jobs))
     got = resources_in_child(jobs) if use_interpreter() else [_compile_triton(j) for j in jobs]
-    return got[0] | ({"finalize": got[1]} if len(got) > 1 else {})
+    out, at = [], 0
+    for end in ends:
+        out.append(got[at] | ({"finalize": got[at + 1]} if end - at > 1 else {}))
+        at = end
+    return out
 
 
 __all__ = ["ScatterShape", "embedding_backward", "scatter_add_rows", "source_of"]

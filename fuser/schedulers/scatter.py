@@ -168,10 +168,7 @@ class ScatterPlan:
     @property
     def name(self) -> str:
         tail = f"_p{self.parts}" if self.finalize else ""
-        return (
-            f"scatter_{self.kind}_r{self.block_rows}_c{self.block_cols}_w{self.num_warps}"
-            f"{tail}"
-        )
+        return f"scatter_{self.kind}_r{self.block_rows}_c{self.block_cols}_w{self.num_warps}{tail}"
 
     def grid(self) -> tuple[int, ...]:
         s = self.shape
@@ -199,10 +196,7 @@ class ScatterPlan:
                 what += f", each run cut into {self.parts} pieces"
         label = {"runs": "sorted", "split": "sorted split"}.get(self.kind, self.kind)
         fin = f"; {self.finalize.line(self.shape)}" if self.finalize else ""
-        return (
-            f"{label} scatter-add [triton], {det}: {what}, {self.num_warps} warps, grid {g}"
-            f"{fin}"
-        )
+        return f"{label} scatter-add [triton], {det}: {what}, {self.num_warps} warps, grid {g}{fin}"
 
     def explain(self) -> Explanation:
         lines = [f"scatter-add {self.shape.line()}", self.line()]
@@ -401,9 +395,7 @@ def _atomic(shape: ScatterShape) -> ScatterPlan:
     block_cols = _block_cols(shape.cols)
     block_tokens = min(TILE // block_cols, max(16, _pow2_at_most(shape.tokens // FILL_PROGRAMS)))
     block_tokens = max(1, min(block_tokens, _next_pow2(max(1, shape.tokens))))
-    warps = (
-        8 if block_tokens * block_cols >= 2048 else 4 if block_tokens * block_cols >= 512 else 1
-    )
+    warps = 8 if block_tokens * block_cols >= 2048 else 4 if block_tokens * block_cols >= 512 else 1
     reasons = (
         why_mode,
         _cols_reason(shape.cols, block_cols),
