@@ -2,10 +2,12 @@
 
 `scatter_add_rows(src, index, rows)` is out[v, :] = base[v, :] + alpha * sum of
 src[t, :] over tokens t with index[t] == v, computed by fuser's Triton kernels
-(codegen/triton/scatter.py) the way the plan says (schedulers/scatter.py): sorted and
-deterministic by default, with fp32 atomic adds under FUSER_SCATTER=atomic. The sort of
-the indices (torch.sort, stable) and each row's run bounds in them (torch.searchsorted)
-are ATen's. The kernels read src through its strides
+(codegen/triton/scatter.py) the way the plan says (schedulers/scatter.py): deterministic
+by default (runs, split or table, from the shape), with fp32 atomic adds under
+FUSER_SCATTER=atomic. For runs and split the sort of the indices (torch.sort, stable) and
+each row's run bounds in them (torch.searchsorted) are ATen's; table sorts nothing. split
+and table write fp32 partials to a workspace made here, and a second launch adds them.
+The kernels read src through its strides
 (a [N, H] view of any [..., H] gradient whose leading dims collapse; otherwise ATen's
 reshape copies it, and `last_notes` says so). A bad index raises OutOfBoundsError: at
 once on CPU, at the next fuser call (or fuser.check_errors()) on a GPU, where reading
@@ -144,8 +146,9 @@ def scatter_add_rows(
 
     padding_idx: that row gets zeros (tokens naming it add nothing). scale_by_freq: each
     token's row divided by the number of tokens naming the same row (embedding's
-    scale_grad_by_freq). out_dtype: default base's dtype, else src's. how: "sorted" or
-    "atomic" (default: FUSER_SCATTER, "sorted")."""
+    scale_grad_by_freq). out_dtype: default base's dtype, else src's. how: "sorted"
+    (deterministic, the plan's kind), "atomic", or "runs", "split", "table" to force a
+    deterministic kind (default: FUSER_SCATTER, "sorted")."""
     _check_operands(src, index, rows, base)
     cols = int(src.shape[-1])
     dtype = out_dtype or (base.dtype if base is not None else src.dtype)
@@ -214,7 +217,10 @@ def _workspaces(plan: ScatterPlan, dev: torch.device) -> tuple[torch.Tensor, tor
     return ws, torch.empty((plan.parts, s.rows), dtype=torch.int32, device=dev)
 
 
-def _sorted_launch(module, plan, src2, flat, out, b, ws, cnt, err, pad, alpha) -> None:  # noqa: ANN001
+def _sorted_launch(
+    module: Any, plan: ScatterPlan, src2: torch.Tensor, flat: torch.Tensor, out: torch.Tensor,
+    b: torch.Tensor, ws: torch.Tensor, cnt: torch.Tensor, err: list, pad: int, alpha: float,
+) -> None:  # fmt: skip
     """runs and split: the stable sort, each row's run bounds, the kernel."""
     rows, dev = plan.shape.rows, src2.device
     sorted_idx, perm = torch.sort(flat, stable=True)

@@ -75,6 +75,10 @@ DOT_MIN = 16
 SPLIT_MIN_RUN = 32
 SPLIT_PIECE = 16
 SPLIT_MAX_PARTS = 64
+# table: a chunk holds at least 4 tokens a table row, so its fp32 partial (4 bytes an
+# element of each row) weighs no more than the chunk's 16-bit src rows: writing and
+# reading the partials costs at most the src's own traffic
+CHUNK_PER_ROW = 4
 # the fp32 partials of split and table: at most 4M elements (16 MB written and read once)
 WORKSPACE_ELEMS = 1 << 22
 # finalize: [partials, elements] tiles of at most this many fp32 values
@@ -355,11 +359,11 @@ def _table(shape: ScatterShape, mode: str, why_kind: str) -> ScatterPlan:
     block_tokens = max(DOT_MIN, min(TABLE_TILE // block_cols, TABLE_TILE // table_rows, 128))
     block_tokens = min(block_tokens, max(DOT_MIN, _next_pow2(tokens)))
     col_blocks = _cdiv(cols, block_cols)
-    # chunks: about two programs an SM in all, each a whole number of one-hot steps, and
-    # no more partials than the workspace holds
+    # chunks: about two programs an SM in all, each a whole number of one-hot steps, at
+    # least CHUNK_PER_ROW tokens a table row, and no more partials than the workspace holds
     steps = _cdiv(tokens, block_tokens)
     want = max(1, 2 * FILL_PROGRAMS // col_blocks)
-    per = max(1, _cdiv(steps, want))
+    per = max(1, _cdiv(steps, want), _cdiv(CHUNK_PER_ROW * rows, block_tokens))
     per = max(per, _cdiv(steps * rows * cols, WORKSPACE_ELEMS))
     chunk_tokens = per * block_tokens
     parts = max(1, _cdiv(tokens, chunk_tokens))
