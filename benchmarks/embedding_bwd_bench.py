@@ -2,12 +2,22 @@
 
     python benchmarks/embedding_bwd_bench.py --out $OUT/embedding_rotary.json
 
-Embedding backward: weight 50257 x 768, 16384 tokens (random ids, as GPT-2's batches),
-bf16 gradient: fuser's sorted kernel (deterministic, the default), fuser's atomic kernel
-(FUSER_SCATTER=atomic), fuser through torch.compile(backend="fuser") (the path a model
-takes), ATen eager and torch.compile (Inductor). Minimal bytes: the gradient and the ids
-read once, the [50257, 768] weight gradient written once. Each result is checked against
-ATen in float64 first; `deterministic` says whether two runs gave the same bits.
+Embedding backward, one case each (--cases picks by a word of the name):
+  gpt2 wte        50257 x 768, 16384 tokens (random ids, as GPT-2's batches), bf16
+  t5 relative bias  32 buckets x 12 heads read at T5's [512, 512] bucket matrix (262144
+                  tokens, shared by the batch): fp32 in T5's layout (the gradient a
+                  [q, k, heads] view of [heads, q, k]: tokens stride 1) and bf16 contiguous
+  bert token types  2 x 768, 4096 tokens (batch 8 x 512, half of each sequence type 1), fp32
+  bert positions  512 x 768, the same 4096 tokens' positions, fp32
+each by fuser's default (the kind its plan takes: runs, split or table; deterministic),
+fuser's runs kernel forced (the sorted kernel, the only deterministic one before the
+table and split kinds), fuser split (where the default is a table and split can take the
+shape), fuser atomic (FUSER_SCATTER=atomic), fuser through torch.compile(backend="fuser")
+(the path a model takes), ATen eager, torch.compile (Inductor), and the runs kernel's
+prologue alone (ATen's stable sort and searchsorted of the ids). Minimal bytes: the
+gradient and the ids read once, the weight gradient written once. Each result is checked
+against ATen in float64 first; `deterministic` says whether two runs gave the same bits.
+Only the embedding cases: --only embedding.
 
 Rotary forward+backward: q [8, 32, 2048, 128], k [8, 8, 2048, 128] bf16 (transformers'
 layout after the head transpose), cos/sin [8, 2048, 128]: q * cos + rotate_half(q) * sin
@@ -25,13 +35,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 import torch
 
 import fuser  # noqa: F401  (registers backend="fuser")
 from fuser.bench.measure import bench_ms, copy_gbps
-from fuser.runtime.scatter import embedding_backward
+from fuser.runtime.scatter import embedding_backward, plan_for
 
 aten = torch.ops.aten
 BF16 = torch.bfloat16
@@ -56,13 +67,64 @@ def _record(op: str, impl: str, ms: float, nbytes: int, copy: float, **extra) ->
             "pct_copy": round(100 * gbps / copy, 1), **extra}  # fmt: skip
 
 
-def embedding(args: argparse.Namespace, copy: float) -> list[dict]:
-    v, h, n = args.vocab, args.hidden, args.tokens
+def _t5_buckets(q: int, k: int, buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """T5's bidirectional relative-position buckets [q, k]: half the buckets for keys to
+    the right; within a half, distances below a quarter of the buckets exact, the rest
+    log-spaced up to max_distance (the last bucket takes everything beyond)."""
+    rel = torch.arange(k, device=DEV)[None, :] - torch.arange(q, device=DEV)[:, None]
+    half = buckets // 2
+    exact = half // 2
+    dist = rel.abs()
+    far = exact + (
+        torch.log(dist.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+        * (half - exact)
+    ).long()  # fmt: skip
+    return (rel > 0).long() * half + torch.where(dist < exact, dist, far.clamp(max=half - 1))
+
+
+def _cases(args: argparse.Namespace) -> dict[str, tuple]:
+    """name -> (rows, grad [..., H], ids [...]) of each embedding backward measured."""
     g = torch.Generator(device=DEV).manual_seed(0)
-    grad = torch.randn(n, h, device=DEV, dtype=BF16, generator=g)
-    ids = torch.randint(0, v, (n,), device=DEV, generator=g)
+    v, h, n = args.vocab, args.hidden, args.tokens
+    q = args.t5_seq
+    b, t, hb = args.bert_batch, args.bert_seq, args.bert_hidden
+
+    def randn(*shape, dtype=BF16):
+        return torch.randn(*shape, device=DEV, dtype=dtype, generator=g)
+
+    # T5's relative_attention_bias: [32 buckets, 12 heads] read at a [q, k] bucket matrix
+    # shared by the batch; its gradient arrives as [q, k, heads] seen from [heads, q, k]
+    # (the bias is permuted to [1, heads, q, k] before the scores add it)
+    buckets = _t5_buckets(q, q)
+    token_types = (torch.arange(t, device=DEV) >= t // 2).long().expand(b, t)
+    positions = torch.arange(t, device=DEV).expand(b, t)
+    return {
+        "gpt2 wte": (v, randn(n, h), torch.randint(0, v, (n,), device=DEV, generator=g)),
+        "t5 relative bias (T5's [heads, q, k] layout, fp32)": (
+            32, randn(12, q, q, dtype=torch.float32).permute(1, 2, 0), buckets),
+        "t5 relative bias (contiguous, bf16)": (32, randn(q, q, 12), buckets),
+        "bert token types (fp32)": (2, randn(b, t, hb, dtype=torch.float32), token_types),
+        "bert positions (fp32)": (t, randn(b, t, hb, dtype=torch.float32), positions),
+    }  # fmt: skip
+
+
+def embedding(args: argparse.Namespace, copy: float) -> list[dict]:
+    out = []
+    wanted = args.cases or None
+    for case, (v, grad, ids) in _cases(args).items():
+        if wanted and not any(w in case for w in wanted):
+            continue
+        print(f"{case}: [{v}, {grad.shape[-1]}] from {ids.numel()} tokens", flush=True)
+        out += _embedding_case(case, v, grad, ids, copy)
+    return out
+
+
+def _embedding_case(case: str, v: int, grad: torch.Tensor, ids: torch.Tensor, copy: float):
     want = aten.embedding_dense_backward(grad.double(), ids, v, -1, False)
-    nbytes = grad.numel() * 2 + ids.numel() * 8 + v * h * 2
+    h = grad.shape[-1]
+    size = grad.element_size()
+    nbytes = grad.numel() * size + ids.numel() * 8 + v * h * size
+    plan = plan_for(grad, ids, v, grad.dtype)
 
     def compiled(backend: str):
         torch._dynamo.reset()
@@ -70,11 +132,21 @@ def embedding(args: argparse.Namespace, copy: float) -> list[dict]:
             lambda gr, i: aten.embedding_dense_backward(gr, i, v, -1, False), backend=backend
         )
 
+    flat = ids.reshape(-1)
+    rows = torch.arange(v + 1, device=DEV)
     impls = {
-        "fuser sorted": lambda: embedding_backward(grad, ids, v, how="sorted"),
+        f"fuser ({plan.kind}, the default)": lambda: embedding_backward(grad, ids, v),
+        "fuser runs (the sorted kernel)": lambda: embedding_backward(grad, ids, v, how="runs"),
         "fuser atomic": lambda: embedding_backward(grad, ids, v, how="atomic"),
         "aten eager": lambda: aten.embedding_dense_backward(grad, ids, v, -1, False),
-    }
+        "aten sort + searchsorted (the runs kernel's prologue)": lambda: torch.searchsorted(
+            torch.sort(flat, stable=True)[0], rows
+        ),
+    }  # fmt: skip
+    if plan.kind != "runs" and plan.kind != "split":
+        split = plan_for(grad, ids, v, grad.dtype, how="split")
+        if split.kind == "split":
+            impls["fuser split"] = lambda: embedding_backward(grad, ids, v, how="split")
     out = []
     for name, make in (("fuser torch.compile", "fuser"), ("torch.compile", "inductor")):
         t0 = time.perf_counter()
@@ -86,11 +158,19 @@ def embedding(args: argparse.Namespace, copy: float) -> list[dict]:
     for name, fn in impls.items():
         a, b = fn(), fn()
         _sync()
-        err = (a.double() - want).abs().max().item()
-        same = bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
+        extra = {}
+        if a.shape == want.shape:
+            ints = torch.int16 if a.element_size() == 2 else torch.int32
+            extra = {
+                "max_err": (a.double() - want).abs().max().item(),
+                "deterministic": bool(torch.equal(a.view(ints), b.view(ints))),
+            }
         ms = TIME(fn)
-        rec = _record("embedding_backward", name, ms, nbytes, copy, max_err=err,
-                      deterministic=same, shape=[v, h], tokens=n)  # fmt: skip
+        rec = _record("embedding_backward", name, ms, nbytes, copy, case=case, **extra,
+                      shape=[v, h], tokens=ids.numel(), dtype=str(grad.dtype),
+                      grad_stride=list(grad.stride()))  # fmt: skip
+        if name.startswith("fuser ("):
+            rec["plan"] = plan.line()
         print(json.dumps(rec), flush=True)
         out.append(rec)
     return out
@@ -189,6 +269,14 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--t5-seq", type=int, default=512, help="T5's bucket matrix is [seq, seq]")
+    ap.add_argument("--bert-batch", type=int, default=8)
+    ap.add_argument("--bert-seq", type=int, default=512)
+    ap.add_argument("--bert-hidden", type=int, default=768)
+    ap.add_argument(
+        "--cases", nargs="*", default=None,
+        help="embedding cases whose name holds one of these words (default: all)",
+    )  # fmt: skip
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
@@ -205,6 +293,7 @@ def main() -> None:
     if args.cpu_smoke:
         DEV, TIME = "cpu", _once
         args.vocab, args.hidden, args.tokens = 37, 24, 53
+        args.t5_seq, args.bert_batch, args.bert_seq, args.bert_hidden = 24, 2, 40, 24
         args.batch, args.heads, args.kv_heads, args.seq, args.head_dim = 2, 4, 2, 8, 16
     elif not torch.cuda.is_available():
         raise SystemExit("needs a GPU (or --cpu-smoke)")

@@ -2,10 +2,12 @@
 
 `scatter_add_rows(src, index, rows)` is out[v, :] = base[v, :] + alpha * sum of
 src[t, :] over tokens t with index[t] == v, computed by fuser's Triton kernels
-(codegen/triton/scatter.py) the way the plan says (schedulers/scatter.py): sorted and
-deterministic by default, with fp32 atomic adds under FUSER_SCATTER=atomic. The sort of
-the indices (torch.sort, stable) and each row's run bounds in them (torch.searchsorted)
-are ATen's. The kernels read src through its strides
+(codegen/triton/scatter.py) the way the plan says (schedulers/scatter.py): deterministic
+by default (runs, split or table, from the shape), with fp32 atomic adds under
+FUSER_SCATTER=atomic. For runs and split the sort of the indices (torch.sort, stable) and
+each row's run bounds in them (torch.searchsorted) are ATen's; table sorts nothing. split
+and table write fp32 partials to a workspace made here, and a second launch adds them.
+The kernels read src through its strides
 (a [N, H] view of any [..., H] gradient whose leading dims collapse; otherwise ATen's
 reshape copies it, and `last_notes` says so). A bad index raises OutOfBoundsError: at
 once on CPU, at the next fuser call (or fuser.check_errors()) on a GPU, where reading
@@ -144,8 +146,9 @@ def scatter_add_rows(
 
     padding_idx: that row gets zeros (tokens naming it add nothing). scale_by_freq: each
     token's row divided by the number of tokens naming the same row (embedding's
-    scale_grad_by_freq). out_dtype: default base's dtype, else src's. how: "sorted" or
-    "atomic" (default: FUSER_SCATTER, "sorted")."""
+    scale_grad_by_freq). out_dtype: default base's dtype, else src's. how: "sorted"
+    (deterministic, the plan's kind), "atomic", or "runs", "split", "table" to force a
+    deterministic kind (default: FUSER_SCATTER, "sorted")."""
     _check_operands(src, index, rows, base)
     cols = int(src.shape[-1])
     dtype = out_dtype or (base.dtype if base is not None else src.dtype)
@@ -166,20 +169,8 @@ def scatter_add_rows(
     err = check_args(checker, dev)
     poll()
     grid = plan.grid()
-    if plan.mode == "sorted":
-        out = torch.empty((rows, cols), dtype=dtype, device=dev)
-        sorted_idx, perm = torch.sort(flat, stable=True)
-        # each row's run: [bounds[v], bounds[v + 1]); a bad index lies outside every run
-        bounds = torch.searchsorted(sorted_idx, _row_ids(rows + 1, sorted_idx.dtype, dev))
-        n = flat.numel()
-        b = base if base is not None else out
-        module.scatter_sorted[grid](
-            src2, sorted_idx, perm, bounds, out, b, *err,
-            n, rows, cols, src2.stride(0), src2.stride(1), out.stride(0),
-            b.stride(0), -1 if padding_idx is None else padding_idx, float(alpha),
-            num_warps=plan.num_warps,
-        )  # fmt: skip
-    else:
+    b_pad = -1 if padding_idx is None else padding_idx
+    if plan.kind == "atomic":
         if base is None:
             acc = torch.zeros((rows, cols), dtype=torch.float32, device=dev)
         else:
@@ -187,14 +178,60 @@ def scatter_add_rows(
         if flat.numel():
             module.scatter_atomic[grid](
                 src2, flat, acc, *err, flat.numel(), rows, cols, src2.stride(0),
-                src2.stride(1), flat.stride(0), acc.stride(0),
-                -1 if padding_idx is None else padding_idx, float(alpha),
+                src2.stride(1), flat.stride(0), acc.stride(0), b_pad, float(alpha),
                 num_warps=plan.num_warps,
             )  # fmt: skip
         out = acc if dtype == torch.float32 else acc.to(dtype)
+    else:
+        out = torch.empty((rows, cols), dtype=dtype, device=dev)
+        b = base if base is not None else out
+        ws, cnt = _workspaces(plan, dev)
+        if plan.kind == "table":
+            module.scatter_table[grid](
+                src2, flat, ws, cnt, *err, flat.numel(), rows, cols, src2.stride(0),
+                src2.stride(1), flat.stride(0), num_warps=plan.num_warps,
+            )  # fmt: skip
+        else:
+            _sorted_launch(module, plan, src2, flat, out, b, ws, cnt, err, b_pad, alpha)
+        if plan.finalize is not None:
+            fin = plan.finalize
+            module.scatter_finalize[fin.grid(plan.shape)](
+                ws, cnt, out, b, fin.parts, rows, cols, out.stride(0), b.stride(0), b_pad,
+                float(alpha), num_warps=fin.num_warps,
+            )  # fmt: skip
     if interpreted:
         raise_claimed(checker, err[0])
     return out
+
+
+def _workspaces(plan: ScatterPlan, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """split and table: the fp32 partials [parts, rows, cols] and, for scale_grad_by_freq,
+    the partial counts [parts, rows] (otherwise the partials stand in, unread)."""
+    s = plan.shape
+    if plan.finalize is None:
+        none = torch.empty(0, dtype=torch.float32, device=dev)
+        return none, none
+    ws = torch.empty((plan.parts, s.rows, s.cols), dtype=torch.float32, device=dev)
+    if not s.scale_by_freq:
+        return ws, ws
+    return ws, torch.empty((plan.parts, s.rows), dtype=torch.int32, device=dev)
+
+
+def _sorted_launch(
+    module: Any, plan: ScatterPlan, src2: torch.Tensor, flat: torch.Tensor, out: torch.Tensor,
+    b: torch.Tensor, ws: torch.Tensor, cnt: torch.Tensor, err: list, pad: int, alpha: float,
+) -> None:  # fmt: skip
+    """runs and split: the stable sort, each row's run bounds, the kernel."""
+    rows, dev = plan.shape.rows, src2.device
+    sorted_idx, perm = torch.sort(flat, stable=True)
+    # each row's run: [bounds[v], bounds[v + 1]); a bad index lies outside every run
+    bounds = torch.searchsorted(sorted_idx, _row_ids(rows + 1, sorted_idx.dtype, dev))
+    ws = ws if ws.numel() else out
+    module.scatter_sorted[plan.grid()](
+        src2, sorted_idx, perm, bounds, out, b, ws, cnt if cnt.numel() else ws, *err,
+        flat.numel(), rows, plan.shape.cols, src2.stride(0), src2.stride(1), out.stride(0),
+        b.stride(0), pad, float(alpha), num_warps=plan.num_warps,
+    )  # fmt: skip
 
 
 def _no_rows_check(flat: torch.Tensor, rows: int, index: torch.Tensor) -> None:
@@ -230,33 +267,65 @@ _PTR = {"torch.float32": "*fp32", "torch.float16": "*fp16", "torch.bfloat16": "*
         "torch.float64": "*fp64", "torch.int32": "*i32", "torch.int64": "*i64"}  # fmt: skip
 
 
-def resources(plan: ScatterPlan, src_dtype: str, arch: str = "sm_90") -> dict:
-    """Registers and spills ptxas gives the plan's kernel for `arch`, compiled without a
-    GPU (fuser/runtime/resources.py; in a child process where this one interprets)."""
-    out, idx = _PTR[plan.shape.dtype], _PTR[plan.shape.index_dtype]
-    src = _PTR[src_dtype]
-    if plan.mode == "sorted":
+def _job(plan: ScatterPlan, src_dtype: str, kernel: str, arch: str) -> dict:
+    """resources.py's compile job of one of the plan's kernels."""
+    out, idx, src = _PTR[plan.shape.dtype], _PTR[plan.shape.index_dtype], _PTR[src_dtype]
+    checks = [("err_ptr", "*i64"), ("flag_ptr", "*i64")]
+    if kernel == "scatter_sorted":
         ptrs = [("src_ptr", src), ("sorted_ptr", idx), ("perm_ptr", "*i64"),
-                ("bounds_ptr", "*i64"), ("out_ptr", out), ("base_ptr", out)]  # fmt: skip
+                ("bounds_ptr", "*i64"), ("out_ptr", out), ("base_ptr", out),
+                ("ws_ptr", "*fp32"), ("cnt_ptr", "*i32"), *checks]  # fmt: skip
         ints = ["n_tokens", "n_rows", "n_cols", "src_row_stride", "src_col_stride",
                 "out_row_stride", "base_row_stride", "padding_idx"]  # fmt: skip
-        name = "scatter_sorted"
+    elif kernel == "scatter_table":
+        ptrs = [("src_ptr", src), ("index_ptr", idx), ("ws_ptr", "*fp32"),
+                ("cnt_ptr", "*i32"), *checks]  # fmt: skip
+        ints = ["n_tokens", "n_rows", "n_cols", "src_row_stride", "src_col_stride",
+                "index_stride"]  # fmt: skip
+    elif kernel == "scatter_finalize":
+        ptrs = [("ws_ptr", "*fp32"), ("cnt_ptr", "*i32"), ("out_ptr", out), ("base_ptr", out)]
+        ints = ["n_parts", "n_rows", "n_cols", "out_row_stride", "base_row_stride",
+                "padding_idx"]  # fmt: skip
     else:
-        ptrs = [("src_ptr", src), ("index_ptr", idx), ("acc_ptr", "*fp32")]
+        ptrs = [("src_ptr", src), ("index_ptr", idx), ("acc_ptr", "*fp32"), *checks]
         ints = ["n_tokens", "n_rows", "n_cols", "src_row_stride", "src_col_stride",
                 "index_stride", "acc_row_stride", "padding_idx"]  # fmt: skip
-        name = "scatter_atomic"
-    sig = dict(ptrs) | {"err_ptr": "*i64", "flag_ptr": "*i64"}
-    sig |= {k: "i32" for k in ints} | {"alpha": "fp32"}
-    job = {
+    sig = dict(ptrs) | {k: "i32" for k in ints}
+    if kernel != "scatter_table":
+        sig["alpha"] = "fp32"
+    fin = kernel == "scatter_finalize"
+    return {
         "source": render_scatter(plan, False, src_dtype),
-        "name": name,
+        "name": kernel,
         "signature": sig,
-        "aligned": list(range(len(ptrs) + 2)),
-        "num_warps": plan.num_warps,
+        "aligned": list(range(len(ptrs))),
+        "num_warps": plan.finalize.num_warps if fin else plan.num_warps,
         "arch": int(arch.removeprefix("sm_")),
     }
-    return resources_in_child([job])[0] if use_interpreter() else _compile_triton(job)
+
+
+def resources(plan: ScatterPlan, src_dtype: str, arch: str = "sm_90") -> dict:
+    """Registers and spills ptxas gives the plan's kernel for `arch`, compiled without a
+    GPU (fuser/runtime/resources.py; in a child process where this one interprets); with
+    a finalize, its figures under "finalize"."""
+    return resources_of([(plan, src_dtype)], arch)[0]
+
+
+def resources_of(plans: list[tuple[ScatterPlan, str]], arch: str = "sm_90") -> list[dict]:
+    """`resources` of several (plan, src dtype) pairs, compiled in one child process."""
+    main = {"runs": "scatter_sorted", "split": "scatter_sorted", "table": "scatter_table"}
+    jobs, ends = [], []
+    for plan, src_dtype in plans:
+        jobs.append(_job(plan, src_dtype, main.get(plan.kind, "scatter_atomic"), arch))
+        if plan.finalize is not None:
+            jobs.append(_job(plan, src_dtype, "scatter_finalize", arch))
+        ends.append(len(jobs))
+    got = resources_in_child(jobs) if use_interpreter() else [_compile_triton(j) for j in jobs]
+    out, at = [], 0
+    for end in ends:
+        out.append(got[at] | ({"finalize": got[at + 1]} if end - at > 1 else {}))
+        at = end
+    return out
 
 
 __all__ = ["ScatterShape", "embedding_backward", "scatter_add_rows", "source_of"]
