@@ -25,9 +25,10 @@ FUSER_ATTENTION  which runs torch.compile(backend="fuser") graphs' attentions: "
               applies), "auto" (the template where a measurement on this GPU, made on first
               use and cached on disk, says it is faster); fuser/schedulers/attention.py
 FUSER_SCATTER  how scatter-adds (embedding backward, index_add, index_put with accumulate) run:
-              "sorted" (default: indices sorted, each output row summed in fp32 in a fixed
-              order, deterministic) or "atomic" (fp32 atomic adds, no sort, not
-              deterministic); fuser/schedulers/scatter.py
+              "sorted" (default, deterministic: the plan picks runs of sorted indices, long
+              runs split in pieces, or partial tables for few rows, each summed in fp32 in
+              a fixed order), "runs", "split" or "table" (force one of those), or "atomic"
+              (fp32 atomic adds, no sort, not deterministic); fuser/schedulers/scatter.py
 FUSER_GEMM    which runs torch.compile(backend="fuser") graphs' matmuls: "aten" (default: cuBLAS,
               the graph unchanged), "template" (fuser's Triton GEMM template with the bias,
               GELU, residual, GELU-backward and bias-gradient work around it fused, wherever
