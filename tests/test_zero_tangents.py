@@ -137,7 +137,7 @@ class _TwoHeads(torch.nn.Module):
         return side, self.main(h).sum(), gated.t()  # the last a view: other strides
 
 
-@pytest.mark.parametrize("asked", ["main", "main+gated", "all"])
+@pytest.mark.parametrize("asked", ["main", "main+gated", "side", "all"])
 def test_other_model_parameters_left_without_gradient(asked: str) -> None:
     """Only `main` asked: `aux`'s parameters get no gradient, as in eager (autograd's
     zeros would have given them zeros). The where() output's tangent meets an op the fold
@@ -155,6 +155,8 @@ def test_other_model_parameters_left_without_gradient(asked: str) -> None:
             main.backward()
         elif asked == "main+gated":
             torch.autograd.backward([main, gated], [None, g_gated])
+        elif asked == "side":  # the scalar output's tangent absent
+            side.backward(g_side)
         else:
             torch.autograd.backward([side, main, gated], [g_side, None, g_gated])
     want = _grads(eager)
@@ -163,7 +165,14 @@ def test_other_model_parameters_left_without_gradient(asked: str) -> None:
     if asked == "all":
         assert record.tangents == ""
         return
-    assert "tangents_1" in record.tangents
+    absent = {
+        "main": "tangents_1, tangents_3",
+        "main+gated": "tangents_1",
+        "side": "tangents_2, tangents_3",
+    }
+    assert f"absent tangents {absent[asked]} " in record.tangents, record.tangents
+    if asked == "side":
+        assert want["main.weight"] is None and "2 gradients left None" in record.tangents
     if asked == "main":
         assert want["aux.weight"] is None and want["aux.bias"] is None
         assert "2 gradients left None" in record.tangents, record.tangents
