@@ -12,6 +12,7 @@ that case takes it as zero. Against eager, on CPU (kernels in Triton's interpret
   there); an output that is a view of an intermediate; outputs with other strides;
 - the fold alone on hand-made graphs: what becomes zero, what is bypassed, what is
   materialized, and that a replacement never changes a returned gradient's strides;
+- a fold that fails: autograd's zeros made at run time, with a warning (strict: raises);
 - FUSER_ABSENT_GRADS off: autograd's zeros, as before.
 """
 
@@ -23,7 +24,7 @@ from torch import fx
 
 from fuser.config import config
 from fuser.dynamo import FuserBackend
-from fuser.dynamo.tangents import fold_absent
+from fuser.dynamo.zero_fold import fold_absent
 from fuser.examples.gpt2 import GPT, GPTConfig
 
 # odd sizes: 3 x 7 tokens, 40 wide, vocabulary 67
@@ -298,3 +299,35 @@ def test_fold_keeps_returned_gradient_strides() -> None:
         torch.testing.assert_close(g, w)
     assert got[0].stride() == want[0].stride()
     assert "zeros materialized" in note, note
+
+
+def test_a_fold_that_fails_fills_zeros_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the fold cannot take a graph, the absent tangents are filled with zeros of their
+    traced layout (what autograd would have made) and the graph runs as traced: a
+    warning says so, gradients stay eager's; a strict backend raises instead."""
+    import fuser.dynamo.tangents as tangents
+
+    def broken(gm: fx.GraphModule, absent: set[str]) -> None:
+        raise NotImplementedError("no rule")
+
+    monkeypatch.setattr(tangents, "fold_absent", broken)
+    torch.manual_seed(0)
+    eager = _TwoHeads()
+    fused = _TwoHeads()
+    fused.load_state_dict(eager.state_dict())
+    x = torch.randn(6, 12)
+    backend = FuserBackend()
+    with pytest.warns(UserWarning, match="filled with zeros .*no rule"):
+        for fn in (eager, torch.compile(fused, backend=backend)):
+            fn(x)[1].backward()
+    got, want = _grads(fused), _grads(eager)
+    # autograd's zeros reach aux's parameters: zeros where eager has none
+    assert got["aux.weight"] is not None and not got["aux.weight"].any()
+    _assert_same(
+        {k: v for k, v in got.items() if not k.startswith("aux")},
+        {k: v for k, v in want.items() if not k.startswith("aux")},
+    )
+    assert [r.name for r in _backward_records(backend)] == ["g0_0_bw"]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="no rule"):
+        torch.compile(_TwoHeads(), backend=FuserBackend(strict=True))(x)[1].backward()

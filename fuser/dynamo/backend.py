@@ -245,7 +245,10 @@ class FuserBackend:
                 if kind == "backward" and absent is not None:
                     # lowered at its first call, for the tangents that call leaves None
                     return tangents.TangentVariants(
-                        g, inputs, lambda vg, vin, tag, note: lower_one(vg, vin, kind, tag, note)
+                        g,
+                        inputs,
+                        lambda vg, vin, tag, note: lower_one(vg, vin, kind, tag, note),
+                        self.strict,
                     )
                 fn = lower_one(g, inputs, kind, "", "")
                 returns = tangents.forward_returns() if kind == "forward" else None
