@@ -11,6 +11,9 @@ FUSER_CALL_PROGRAM  0 runs torch.compile(backend="fuser") graphs the old way: th
               interpreted node by node, a module call per fused region (default 1: a
               generated call program per graph, fuser/dynamo/program/); config.call_program
               switches it at any call, for an A/B in one process
+FUSER_ABSENT_GRADS  0 lets autograd fill the gradient of a compiled graph's output that nobody
+              asks for (the logits beside the loss) with zeros, which the backward reads
+              (default 1: the backward takes it as zero, fuser/dynamo/tangents.py)
 FUSER_COMPILE_WORKERS  threads that compile a graph's kernels ahead of its first call
               (fuser/runtime/precompile.py; default 0: as many as cores, at most 8; 1: serial)
 FUSER_ONE_PASS_CE  0 leaves F.cross_entropy to AOTAutograd's log_softmax + nll_loss (default
@@ -67,6 +70,7 @@ class Config:
     fp_warnings: bool
     call_program: bool
     compile_workers: int = 0
+    absent_grads: bool = True
     one_pass_cross_entropy: bool = True
     attention: str = "sdpa"
     scatter: str = "sorted"
@@ -86,6 +90,7 @@ def _read() -> Config:
         fp_warnings=os.environ.get("FUSER_FP_WARNINGS", "0") not in ("", "0"),
         call_program=os.environ.get("FUSER_CALL_PROGRAM", "1") not in ("", "0"),
         compile_workers=int(os.environ.get("FUSER_COMPILE_WORKERS", "0") or 0),
+        absent_grads=os.environ.get("FUSER_ABSENT_GRADS", "1") not in ("", "0"),
         one_pass_cross_entropy=os.environ.get("FUSER_ONE_PASS_CE", "1") not in ("", "0"),
         attention=os.environ.get("FUSER_ATTENTION", "sdpa") or "sdpa",
         scatter=os.environ.get("FUSER_SCATTER", "sorted") or "sorted",

@@ -21,6 +21,7 @@ import torch
 from torch import fx
 
 from fuser.config import config, debug_print
+from fuser.dynamo import tangents
 from fuser.dynamo.ce_rewrite import chunk_linear_cross_entropy, one_pass_cross_entropy
 from fuser.dynamo.gemm_call import template_warmups
 from fuser.dynamo.graph_text import graph_text
@@ -86,6 +87,8 @@ class Capture:
     timings: timing.Ledger = field(default_factory=timing.Ledger)
     cross_entropy: int = 0  # F.cross_entropy calls made one-pass (ce_rewrite.py)
     linear_ce: list[str] = field(default_factory=list)  # lm heads and cross-entropies, why
+    # the forward side of absent gradients (tangents.py), when config.absent_grads is on
+    absent: tangents.AbsentGrads | None = None
 
     def takes_any(self, ids: set[int]) -> bool:
         """Whether a live input of this capture is one of the tensors with these ids."""
@@ -203,33 +206,54 @@ class FuserBackend:
                 return fn, ""
             return cudagraphs.wrap(fn, g, inputs, kind, is_symbolic(g), graphs)
 
+        # absent gradients (tangents.py): the forward's autograd node is told not to fill
+        # them with zeros, the backward is lowered for the tangents that are None
+        absent = capture.absent = tangents.AbsentGrads() if config.absent_grads else None
+
+        def lower_one(g: fx.GraphModule, inputs: list[Any], kind: str, tag: str, note: str) -> Any:
+            name = f"g{cid.replace('/', '_')}_{_SHORT[kind]}{tag}"
+            if is_symbolic(g):
+                spec = Specializing(g, kind, name, self.strict, self.check)
+                fn, cg_note = graphed(spec, g, inputs, kind)
+                spec.on_record = lambda r: (
+                    setattr(r, "cudagraphs", cg_note),
+                    setattr(r, "tangents", note),
+                    capture.graphs.append(r),
+                    _debug(capture, r),
+                )
+                debug_print(
+                    1,
+                    f"[fuser.dynamo] {kind} graph {name} has symbolic sizes: "
+                    "lowered for each new input signature at run time",
+                )
+                return fn
+            with timing.collecting(capture.timings):
+                with timing.phase("lowering"):
+                    fn, record = lower_graph(g, kind, name, self.strict, self.check)
+                templates = template_warmups(record.module)  # GEMM template calls
+                precompile(record.kernels, _device_type(inputs), templates=templates)
+            if record.program is not None:
+                record.program.ledger = capture.timings
+            record.tangents = note
+            fn, record.cudagraphs = graphed(fn, g, inputs, kind)
+            capture.graphs.append(record)
+            _debug(capture, record)
+            return fn
+
         def compiler(kind: str) -> Any:
             def compile_one(g: fx.GraphModule, inputs: list[Any]) -> Any:
-                name = f"g{cid.replace('/', '_')}_{_SHORT[kind]}"
-                if is_symbolic(g):
-                    spec = Specializing(g, kind, name, self.strict, self.check)
-                    fn, note = graphed(spec, g, inputs, kind)
-                    spec.on_record = lambda r: (
-                        setattr(r, "cudagraphs", note),
-                        capture.graphs.append(r),
-                        _debug(capture, r),
+                if kind == "backward" and absent is not None:
+                    # lowered at its first call, for the tangents that call leaves None
+                    return tangents.TangentVariants(
+                        g,
+                        inputs,
+                        lambda vg, vin, tag, note: lower_one(vg, vin, kind, tag, note),
+                        self.strict,
                     )
-                    debug_print(
-                        1,
-                        f"[fuser.dynamo] {kind} graph {name} has symbolic sizes: "
-                        "lowered for each new input signature at run time",
-                    )
-                    return fn
-                with timing.collecting(capture.timings):
-                    with timing.phase("lowering"):
-                        fn, record = lower_graph(g, kind, name, self.strict, self.check)
-                    templates = template_warmups(record.module)  # GEMM template calls
-                    precompile(record.kernels, _device_type(inputs), templates=templates)
-                if record.program is not None:
-                    record.program.ledger = capture.timings
-                fn, record.cudagraphs = graphed(fn, g, inputs, kind)
-                capture.graphs.append(record)
-                _debug(capture, record)
+                fn = lower_one(g, inputs, kind, "", "")
+                returns = tangents.forward_returns() if kind == "forward" else None
+                if absent is not None and returns and not is_symbolic(g):
+                    fn = absent.watch(fn, returns)
                 return fn
 
             return compile_one
@@ -249,6 +273,8 @@ class FuserBackend:
             capture.linear_ce = chunk_linear_cross_entropy(gm)
             capture.cross_entropy = one_pass_cross_entropy(gm, capture.linear_ce)
         compiled = aot_autograd(**kwargs)(gm, example_inputs)
+        if absent is not None and absent.returns:
+            compiled = absent.wrap(compiled)
         spent = time.perf_counter() - t0
         ours = ledger.seconds.get("lowering", 0.0) + ledger.seconds.get("compiling", 0.0)
         ledger.add("tracing", max(0.0, spent - (ours - before)))

@@ -131,11 +131,12 @@ def _under_views(n: Any) -> Any:
 
 def _returned(logits: fx.Node) -> bool:
     """Whether the logits (or what they view or upcast) are also an output of the graph: a
-    model that returns them. Their gradient then has a backward pass of its own over the
-    [N, V] rows anyway (the returned logits' tangent added, materialized by autograd even
-    where nothing flows into it), and they stay alive beside a gradient saved from the
-    forward: the one-pass form would cost a pass and an [N, V] buffer more than the
-    two-pass one, which saves the logits themselves for the backward."""
+    model that returns them. They stay alive beside a gradient saved from the forward:
+    the one-pass form would cost an [N, V] buffer more than the two-pass one, which saves
+    the logits themselves for the backward. (The choice below was measured while autograd
+    still filled the unused logits' gradient with zeros that the backward read and added
+    in its pass over the rows; a loss-only step no longer does, tangents.py, so that pass
+    is now the two-pass gradient's alone: worth measuring again.)"""
     base = _under_views(logits)
     if not isinstance(base, fx.Node):
         return False

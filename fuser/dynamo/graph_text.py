@@ -75,6 +75,8 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
     ]
     if record.error:
         lines.append(f"  LOWERING FAILED, the graph runs as ATen ops: {record.error}")
+    if record.tangents:
+        lines.append(f"  {record.tangents}")
     lines += [f"  matmul {note}" for note in record.matmuls_padded]
     lines += [f"  {note}" for note in record.attention]
     lines += [f"  {note}" for note in record.scatters]

@@ -69,6 +69,7 @@ class GraphRecord:
     gemm: list[str] = field(default_factory=list)  # gemm.py's choices (FUSER_GEMM)
     error: str = ""  # set when lowering failed and the whole graph runs as ATen ops
     cudagraphs: str = ""  # with CUDA graphs asked for: captured, or why not (cudagraphs.py)
+    tangents: str = ""  # a backward lowered for absent tangents: what changed (tangents.py)
     aten_graph: str = ""
     module: fx.GraphModule | None = field(default=None, repr=False)
     program: Any = field(default=None, repr=False)  # the CallProgram, when there is one
