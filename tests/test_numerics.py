@@ -55,7 +55,7 @@ def row_op(op: str, dtype: torch.dtype = F32) -> FusionDefinition:
 
     def build(fd: FusionDefinition) -> None:
         x = fd.define_tensor([-1, -1], dtype)
-        if op in ("softmax", "log_softmax", "rms_norm"):
+        if op in ("softmax", "log_softmax", "safe_softmax", "rms_norm"):
             fd.add_output(getattr(fd.ops, op)(x))
         elif op == "layer_norm":
             w = fd.define_tensor([-1], dtype)

@@ -1,7 +1,8 @@
 """Lowerings of the normalization, activation and loss ops, forward and backward.
 
-Forward ops map onto fuser's composites (layer_norm, gelu, softmax, log_softmax); their
-backward ops are written here in fuser primitives, computing in float32 as ATen does.
+Forward ops map onto fuser's composites (layer_norm, gelu, softmax, log_softmax,
+safe_softmax); their backward ops are written here in fuser primitives, computing in
+float32 as ATen does.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from fuser.dynamo.context import LowerCtx, NotLowerable, meta_of, register
+from fuser.dynamo.context import LowerCtx, NotLowerable, arg, meta_of, register
 from fuser.frontend.builder import Tensor
 
 aten = torch.ops.aten
@@ -124,6 +125,20 @@ def _softmax(ctx: LowerCtx, node: fx.Node) -> Any:
 def _log_softmax(ctx: LowerCtx, node: fx.Node) -> Any:
     x, dim = _softmax_input(ctx, node)
     return ctx.finish(node, [ctx.ops.log_softmax(x, dim=dim)])
+
+
+@register(aten._safe_softmax.default)
+def _safe_softmax(ctx: LowerCtx, node: fx.Node) -> Any:
+    """What SDPA's math path and eager attention reach in current PyTorch: softmax, but a
+    row of only -inf (a fully masked query) gives zeros. Its gradient is softmax's
+    (_softmax_backward_data of its result), lowered above."""
+    x = ctx.tensor(node.args[0])
+    dtype = arg(node, 2, "dtype")
+    if dtype is not None:
+        x = ctx.cast(x, dtype)  # type: ignore[assignment]
+    if not x.dtype.is_floating_point:
+        raise NotLowerable(f"_safe_softmax of a {x.dtype} tensor; expected a float")
+    return ctx.finish(node, [ctx.ops.safe_softmax(x, dim=arg(node, 1, "dim"))])
 
 
 def _row_sum(ctx: LowerCtx, t: Tensor, dim: int) -> Tensor:

@@ -184,6 +184,11 @@ class Ops:
     def log_softmax(self, x: Tensor, dim: int = -1) -> Tensor:
         return self._b.add(Op.LOG_SOFTMAX, [x], {"dim": dim})[0]
 
+    def safe_softmax(self, x: Tensor, dim: int = -1) -> Tensor:
+        """softmax, except that a slice of only -inf along `dim` gives zeros, not NaN
+        (aten._safe_softmax: attention's fully masked rows)."""
+        return self._b.add(Op.SAFE_SOFTMAX, [x], {"dim": dim})[0]
+
     def cross_entropy(self, logits: Tensor, target: Tensor, ignore_index: int = -100) -> Tensor:
         attrs = {"ignore_index": int(ignore_index)}
         return self._b.add(Op.CROSS_ENTROPY, [logits, target], attrs)[0]

@@ -316,6 +316,19 @@ ENTRIES: tuple[OpEntry, ...] = (
         opdb=("nn.functional.rms_norm",),
         fuzz="composite",
     ),
+    # last of the composites: the fuzzer's draws of the others stay as they were
+    _entry(
+        "safe_softmax",
+        "normalization",
+        lambda x, dim=-1: torch.ops.aten._safe_softmax(x, dim),
+        (PEAKED,),
+        FLOATS,
+        calls=({"dim": -1}, {"dim": 0}),
+        # its gradient is softmax's (_softmax_backward_data of its result): compared too
+        aten=("_safe_softmax", "_softmax_backward_data"),
+        opdb=("torch.ops.aten._safe_softmax.default",),
+        fuzz="composite",
+    ),
     _entry(
         "cross_entropy",
         "loss",

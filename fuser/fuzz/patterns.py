@@ -416,7 +416,7 @@ def _composite(d: Draft) -> None:
         return _unary(d)
     op = d.draw(st.sampled_from(COMPOSITE))
     same = [_V(v.shape, v.axes, v.dtype)]
-    if op in ("softmax", "log_softmax"):
+    if op in ("softmax", "log_softmax", "safe_softmax"):
         dim = -1 if d.draw(st.integers(0, 3)) else d.draw(st.integers(0, len(v.shape) - 1))
         d.emit(op, (Ref(i),), {"dim": dim}, same)
     elif op == "gelu":

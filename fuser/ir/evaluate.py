@@ -99,6 +99,8 @@ def _composite(node: Node, args: list[T]) -> list[T]:
         return [torch.softmax(x, node.attr("dim"))]
     if op == Op.LOG_SOFTMAX:
         return [torch.log_softmax(x, node.attr("dim"))]
+    if op == Op.SAFE_SOFTMAX:
+        return [torch.ops.aten._safe_softmax(x, node.attr("dim"))]
     if op == Op.CROSS_ENTROPY:
         # ATen wants int64 targets; the IR also takes int32 (llm.c's targets are int32)
         target = check_eager(target_check(node), args[1]).long()

@@ -75,6 +75,7 @@ class Op(enum.Enum):
     GELU = "gelu"
     SOFTMAX = "softmax"
     LOG_SOFTMAX = "log_softmax"
+    SAFE_SOFTMAX = "safe_softmax"
     CROSS_ENTROPY = "cross_entropy"
 
     def __repr__(self) -> str:
@@ -126,6 +127,7 @@ COMPOSITE = frozenset(
         Op.GELU,
         Op.SOFTMAX,
         Op.LOG_SOFTMAX,
+        Op.SAFE_SOFTMAX,
         Op.CROSS_ENTROPY,
     }
 )

@@ -118,23 +118,36 @@ def _gelu(ops: Ops, node: Node, x: Tensor) -> list[Tensor]:
     return [_down(ops, ops.mul(ops.mul(xf, 0.5), cdf), x)]
 
 
-def _softmax_parts(ops: Ops, node: Node, x: Tensor) -> tuple[Tensor, Tensor, Tensor, list[int]]:
+def _softmax_parts(ops: Ops, node: Node, x: Tensor) -> tuple[Tensor, ...]:
+    """(x in float, its max along dim, x - max, sum(exp(x - max))); and the kept dims."""
     dim = node.attr("dim") % max(x.ndim, 1)
     kept = [i for i in range(x.ndim) if i != dim]
     xf = _up(ops, x)
-    shifted = ops.sub(xf, _bcast(ops, ops.max(xf, dims=[dim]), xf, kept))
+    top = ops.max(xf, dims=[dim])
+    shifted = ops.sub(xf, _bcast(ops, top, xf, kept))
     total = ops.sum(ops.exp(shifted), dims=[dim])
-    return xf, shifted, total, kept
+    return xf, top, shifted, total, kept
 
 
 def _softmax(ops: Ops, node: Node, x: Tensor) -> list[Tensor]:
-    xf, shifted, total, kept = _softmax_parts(ops, node, x)
+    xf, _, shifted, total, kept = _softmax_parts(ops, node, x)
     y = ops.div(ops.exp(shifted), _bcast(ops, total, xf, kept))
     return [_down(ops, y, x)]
 
 
+def _safe_softmax(ops: Ops, node: Node, x: Tensor) -> list[Tensor]:
+    """softmax, except that a slice of only -inf along dim gives zeros: its max is -inf (a
+    NaN anywhere makes the max NaN, so that slice stays NaN, as in ATen). The max and the
+    sum are softmax's, so a looped kernel still takes them in one online pass; the NaN
+    they give such a slice (-inf - -inf) is selected away, never stored."""
+    xf, top, shifted, total, kept = _softmax_parts(ops, node, x)
+    y = ops.div(ops.exp(shifted), _bcast(ops, total, xf, kept))
+    masked = _bcast(ops, ops.eq(top, float("-inf")), xf, kept)
+    return [_down(ops, ops.where(masked, 0.0, y), x)]
+
+
 def _log_softmax(ops: Ops, node: Node, x: Tensor) -> list[Tensor]:
-    xf, shifted, total, kept = _softmax_parts(ops, node, x)
+    xf, _, shifted, total, kept = _softmax_parts(ops, node, x)
     y = ops.sub(shifted, _bcast(ops, ops.log(total), xf, kept))
     return [_down(ops, y, x)]
 
@@ -164,6 +177,7 @@ DECOMPOSITIONS: dict[Op, Callable[..., list[Tensor]]] = {
     Op.GELU: _gelu,
     Op.SOFTMAX: _softmax,
     Op.LOG_SOFTMAX: _log_softmax,
+    Op.SAFE_SOFTMAX: _safe_softmax,
     Op.CROSS_ENTROPY: _cross_entropy,
 }
 assert set(DECOMPOSITIONS) == COMPOSITE
