@@ -2,18 +2,30 @@
 
 A fused kernel reads through them (fuser/passes/views.py), so `rotate_half` (two slices,
 a neg and a cat) and its backward (slices and slice_backward pads) join the
-multiply-adds around them. Along other dims they stay ATen views or copies.
+multiply-adds around them. Along other dims they stay ATen views or copies, except a cat
+of one piece that holds something (a KV cache's first cat([empty past, k], dim=-2)): a
+copy, which the region writes in the result's layout reading the piece through its own
+strides.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import fx
 
 import fuser.dynamo.ce_op  # noqa: F401  (defines fuser::cross_entropy)
-from fuser.dynamo.context import LowerCtx, NotLowerable, arg, out_meta, register, static_shape
+from fuser.dynamo.context import (
+    LowerCtx,
+    NotLowerable,
+    arg,
+    meta_of,
+    out_meta,
+    register,
+    static_shape,
+)
 
 aten = torch.ops.aten
 _CROSS_ENTROPY = torch.ops.fuser.cross_entropy.default
@@ -82,14 +94,55 @@ def _constant_pad(ctx: LowerCtx, node: fx.Node) -> Any:
     return ctx.finish(node, [ctx.ops.pad(x, x.ndim - 1, pads[0], pads[1])])
 
 
+def _cat_pieces(node: fx.Node) -> list[fx.Node]:
+    """The operands of a cat that hold something: ATen skips legacy empty [0] tensors
+    (a KV cache's first step: cat([past, k], dim=-2) with no past) and pieces of no
+    extent along the dim add nothing."""
+    out = meta_of(node)
+    d = arg(node, 1, "dim", 0) % max(out.dim(), 1)
+    pieces = []
+    for t in node.args[0]:
+        v = meta_of(t)
+        if list(v.shape) == [0] or (v.dim() == out.dim() and v.shape[d] == 0):
+            continue
+        pieces.append(t)
+    return pieces
+
+
+def drop_empty_pieces(graph: fx.Graph) -> int:
+    """Take the pieces that hold nothing out of every cat (before partitioning), so that a
+    fused cat does not take an empty tensor as an input (a fusion with one runs as ATen
+    ops); the empty constant a cat alone used goes too. Returns how many cats changed."""
+    changed = 0
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target is not aten.cat.default:
+            continue
+        keep = _cat_pieces(n)
+        dropped = [t for t in n.args[0] if t not in keep]
+        if not dropped or not keep:
+            continue
+        # ATen promotes over every piece, empty or not: an empty one that widens the
+        # dtype stays
+        if functools.reduce(torch.promote_types, [meta_of(t).dtype for t in keep]) != (
+            meta_of(n).dtype
+        ):
+            continue
+        n.args = (keep, *n.args[1:])
+        changed += 1
+        for t in dropped:
+            if not t.users and t.target is aten.lift_fresh_copy.default:
+                graph.erase_node(t)
+    return changed
+
+
 @register(aten.cat.default)
 def _cat(ctx: LowerCtx, node: fx.Node) -> Any:
     out = out_meta(node)
     shape = static_shape(out, node.name)
-    d = _last_dim(node, arg(node, 1, "dim", 0), len(shape), "cat")
-    # ATen skips legacy empty [0] operands; the others are cast to the result's dtype
-    xs = [ctx.cast(ctx.tensor(t), out.dtype) for t in node.args[0]]
-    xs = [x for x in xs if [int(s) for s in x.shape] != [0] and int(x.shape[-1]) > 0]
-    if len(xs) == 1:
+    # the pieces that hold something, in the result's dtype
+    xs = [ctx.cast(ctx.tensor(t), out.dtype) for t in _cat_pieces(node)]
+    if len(xs) == 1:  # a copy, whatever the dim: where the result is a region output in
+        # another layout than its input, the region copies it (region.build_definition)
         return ctx.finish(node, xs)
+    d = _last_dim(node, arg(node, 1, "dim", 0), len(shape), f"cat of {len(xs)} tensors")
     return ctx.finish(node, [ctx.ops.cat(xs, d)])

@@ -25,6 +25,7 @@ from fuser.dynamo.ce_rewrite import scale_saved_gradient_in_place
 from fuser.dynamo.context import NotLowerable
 from fuser.dynamo.gemm import lower_gemm
 from fuser.dynamo.indexing import lower_scatters
+from fuser.dynamo.layout import drop_empty_pieces
 from fuser.dynamo.pad_mm import pad_matmuls
 from fuser.dynamo.partition import form_regions
 from fuser.dynamo.program import CallProgram
@@ -325,5 +326,6 @@ def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
         record.matmuls_padded = pad_matmuls(work)
     record.attention = lower_attention(work)
     record.scatters = lower_scatters(work)
+    drop_empty_pieces(work.graph)  # a KV cache's first cat: a copy of its one piece
     record.views_moved = sink_row_views(work.graph)
     return work

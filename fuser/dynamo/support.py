@@ -202,8 +202,10 @@ def try_lower(node: fx.Node) -> str | None:
 
 def _empty(node: fx.Node) -> str | None:
     """The first operand or result of `node` with no elements (ATen's empty-tensor rules,
-    such as var of nothing being NaN, are not worth a kernel)."""
-    for n in (*node.all_input_nodes, node):
+    such as var of nothing being NaN, are not worth a kernel). A cat skips its empty
+    pieces (layout.py): only its result counts."""
+    operands = [] if node.target is aten.cat.default else node.all_input_nodes
+    for n in (*operands, node):
         vals = n.meta.get("val")
         for v in vals if isinstance(vals, (tuple, list)) else [vals]:
             if isinstance(v, torch.Tensor) and v.numel() == 0:
