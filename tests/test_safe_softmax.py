@@ -123,6 +123,15 @@ def test_nan_and_inf_rows_are_as_aten(backend: str) -> None:
     torch.testing.assert_close(y, aten._safe_softmax(x, -1), equal_nan=True)
 
 
+@pytest.mark.parametrize("backend", ["triton"], indirect=True)
+def test_scalar(backend: str) -> None:
+    """A 0-d tensor is its own slice: 1, or 0 where it is -inf."""
+    fd = safe_softmax(F32, 0, 0)
+    for v in (0.7, -INF):
+        (y,) = fd.execute([torch.tensor(v, device=DEVICE)])
+        assert y.item() == aten._safe_softmax(torch.tensor(v), 0).item()
+
+
 @pytest.mark.parametrize(
     "backend,dtype",
     [("triton", F32), ("triton", BF16), ("cuda", BF16)],

@@ -123,9 +123,8 @@ def drop_empty_pieces(graph: fx.Graph) -> int:
             continue
         # ATen promotes over every piece, empty or not: an empty one that widens the
         # dtype stays
-        if functools.reduce(torch.promote_types, [meta_of(t).dtype for t in keep]) != (
-            meta_of(n).dtype
-        ):
+        dtype = functools.reduce(torch.promote_types, [meta_of(t).dtype for t in keep])
+        if dtype != meta_of(n).dtype:
             continue
         n.args = (keep, *n.args[1:])
         changed += 1

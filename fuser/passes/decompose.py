@@ -118,7 +118,9 @@ def _gelu(ops: Ops, node: Node, x: Tensor) -> list[Tensor]:
     return [_down(ops, ops.mul(ops.mul(xf, 0.5), cdf), x)]
 
 
-def _softmax_parts(ops: Ops, node: Node, x: Tensor) -> tuple[Tensor, ...]:
+def _softmax_parts(
+    ops: Ops, node: Node, x: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, list[int]]:
     """(x in float, its max along dim, x - max, sum(exp(x - max))); and the kept dims."""
     dim = node.attr("dim") % max(x.ndim, 1)
     kept = [i for i in range(x.ndim) if i != dim]
