@@ -224,8 +224,11 @@ def judge(
         return
     mine, theirs = _grad_errors(grads, reference_grads), _grad_errors(eager_grads, reference_grads)
     grads_ok = all(mine[n] <= 2 * theirs[n] + grad_tol / 10 for n in reference_grads)
+    # eager's loss error over the whole run: one step where bf16 happens to land on the
+    # fp32 loss must not make that step's bound tighter than bf16's own noise
+    eager_off = max((abs(e - r) for e, r in zip(eager.losses, reference.losses)), default=0.0)
     losses_ok = all(
-        abs(a - r) <= 2 * abs(e - r) + loss_tol / 10
-        for a, e, r in zip(res.losses, eager.losses, reference.losses)
+        abs(a - r) <= 2 * eager_off + loss_tol / 10
+        for a, r in zip(res.losses, reference.losses)
     )
     res.parity = grads_ok and losses_ok
