@@ -228,7 +228,6 @@ def judge(
     # fp32 loss must not make that step's bound tighter than bf16's own noise
     eager_off = max((abs(e - r) for e, r in zip(eager.losses, reference.losses)), default=0.0)
     losses_ok = all(
-        abs(a - r) <= 2 * eager_off + loss_tol / 10
-        for a, r in zip(res.losses, reference.losses)
+        abs(a - r) <= 2 * eager_off + loss_tol / 10 for a, r in zip(res.losses, reference.losses)
     )
     res.parity = grads_ok and losses_ok
