@@ -40,3 +40,27 @@ def test_cross_entropy_backward_follows_symbolic_sizes():
         want.backward()
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(xc.grad, xe.grad)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+def test_cross_entropy_backward_twice_with_retain_graph(scale):
+    """The one-pass cross-entropy's backward scaled its saved gradient in place and bumped
+    its version: a second backward (retain_graph=True) raised autograd's 'modified by an
+    inplace operation', which eager does not. Scaled out of place, the result kept
+    contiguous rows where the gradient's were padded (logits made in the graph): the call
+    program's views read it at the padded stride (rows shifted)."""
+
+    def f(x, t):
+        return F.cross_entropy(x * 2, t) * 3
+
+    compiled = torch.compile(f, backend="fuser")
+    g = _gen(1)
+    x0, t = torch.randn(5, 11, generator=g), torch.randint(0, 11, (5,), generator=g)
+    for _ in range(2):  # the second call runs the call program
+        xe, xc = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+        le, lc = f(xe, t) * scale, compiled(xc, t) * scale
+        for loss in (le, lc):
+            loss.backward(retain_graph=True)
+            loss.backward()
+        torch.testing.assert_close(lc, le)
+        torch.testing.assert_close(xc.grad, xe.grad)
