@@ -64,3 +64,27 @@ def test_cross_entropy_backward_twice_with_retain_graph(scale):
             loss.backward()
         torch.testing.assert_close(lc, le)
         torch.testing.assert_close(xc.grad, xe.grad)
+
+
+def _mask_rows(x, m):
+    z = x[m]  # as many rows as the mask has: a size no input size fixes (unbacked)
+    return z.t() @ z, (x * 2).exp()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_sizes_that_depend_on_the_data(dynamic):
+    """With capture_dynamic_output_shape_ops: the call program took the first call's
+    row count of x[m] for fixed (its views resolved to 3 rows: 'mat1 and mat2 shapes
+    cannot be multiplied' at the next mask); with dynamic shapes, the propagation of the
+    concrete sizes raised DynamicOutputShapeException from torch.compile's call."""
+    x = torch.randn(6, 4, generator=_gen(2))
+    masks = [torch.tensor(b).bool() for b in ([1, 0, 1, 0, 0, 1], [1, 1, 1, 0, 1, 0])]
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(_mask_rows, backend="fuser", dynamic=dynamic)
+        for m in masks * 2:
+            for got, want in zip(compiled(x, m), _mask_rows(x, m)):
+                torch.testing.assert_close(got, want)
+        if dynamic:  # and a new input size: specialized at run time
+            y = torch.randn(5, 4, generator=_gen(3))
+            for got, want in zip(compiled(y, masks[0][:5]), _mask_rows(y, masks[0][:5])):
+                torch.testing.assert_close(got, want)
