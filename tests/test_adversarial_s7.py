@@ -88,3 +88,19 @@ def test_sizes_that_depend_on_the_data(dynamic):
             y = torch.randn(5, 4, generator=_gen(3))
             for got, want in zip(compiled(y, masks[0][:5]), _mask_rows(y, masks[0][:5])):
                 torch.testing.assert_close(got, want)
+
+
+def test_a_row_of_more_column_tiles_than_a_grid_allows_is_refused():
+    """A pointwise kernel puts a row's column tiles on the grid's y, which CUDA caps at
+    65535 blocks: a 1-D tensor of 600M elements was planned on a grid of (1, 146485),
+    which no GPU launches. Refused at planning (a torch.compile region then stays ATen,
+    with this reason) instead of failing at launch."""
+    from fuser.errors import ScheduleError
+    from fuser.frontend.fusion_definition import FusionDefinition
+
+    with FusionDefinition("wide_pointwise") as fd:
+        x = fd.define_tensor([-1], torch.float32)
+        fd.add_output(fd.ops.mul(fd.ops.exp(x), x))
+    with pytest.raises(ScheduleError, match=r"grid \(1, 146485\) exceeds CUDA's"):
+        fd.compile([torch.empty(600_000_000, device="meta")])
+    fd.compile([torch.empty(200_000_000, device="meta")])  # 48829 tiles: fine
