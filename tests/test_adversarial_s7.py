@@ -104,3 +104,29 @@ def test_a_row_of_more_column_tiles_than_a_grid_allows_is_refused():
     with pytest.raises(ScheduleError, match=r"grid \(1, 146485\) exceeds CUDA's"):
         fd.compile([torch.empty(600_000_000, device="meta")])
     fd.compile([torch.empty(200_000_000, device="meta")])  # 48829 tiles: fine
+
+
+def test_saved_tensors_come_back_from_hooks_in_other_strides():
+    """Saved-tensor hooks may hand the backward its saved tensors back in other strides
+    (torch.autograd.graph.save_on_cpu on a GPU returns them contiguous; here a hook that
+    does the same): the one-pass cross-entropy's gradient, saved with padded rows, came
+    back [5, 11] at stride 11, and the backward's call program, built at a call without
+    the hooks, read it at stride 12 (gradients off by ~2, silently). A backward graph's
+    program now checks its inputs' strides and hands other ones to the old path."""
+
+    def f(x, t):
+        return F.cross_entropy(x * 2, t) * 3
+
+    compiled = torch.compile(f, backend="fuser")
+    g = _gen(4)
+    x0, t = torch.randn(5, 11, generator=g), torch.randint(0, 11, (5,), generator=g)
+    for offload in (False, False, True, True, False):
+        xe, xc = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+        f(xe, t).backward()
+        if offload:
+            with torch.autograd.graph.saved_tensors_hooks(lambda s: s.contiguous(), lambda s: s):
+                loss = compiled(xc, t)
+        else:
+            loss = compiled(xc, t)
+        loss.backward()
+        torch.testing.assert_close(xc.grad, xe.grad)

@@ -325,7 +325,7 @@ def lower_graph(
     if not record.error and not is_symbolic(new_gm) and not _data_dependent_sizes(new_gm):
         # the program is built at the first call, from what that call shows (sizes that
         # depend on the data would be taken for fixed: views of the first call's sizes)
-        run = record.program = CallProgram(new_gm, name, run, strict)
+        run = record.program = CallProgram(new_gm, name, run, strict, kind == "backward")
     record.compile_seconds = time.perf_counter() - t0
     return run, record
 

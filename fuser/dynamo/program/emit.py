@@ -65,10 +65,13 @@ def emit_program(
     checked: dict[str, int],
     device: torch.device | None,
     fallback: Callable[[list], Any],
+    strides: dict[str, tuple[int, ...]] | None = None,
 ) -> Emitted:
     """The function `func(args)` running `steps` (boxed: it clears `args`). `checked`:
     inputs whose pointer alignment (ptr & 15) the kernels were specialized to; a call
-    with another alignment runs `fallback`, the old path, which plans for it."""
+    with another alignment runs `fallback`, the old path, which plans for it. `strides`:
+    inputs whose strides no guard fixes, with those the steps were made for; a call with
+    others runs `fallback` too."""
     g = names.globals
     fast = any(s.on_stream for s in steps)
     launched = {s.device for s in steps if s.kind == "launch" and s.device is not None}
@@ -84,12 +87,16 @@ def emit_program(
     body = [f"{names.bind(poll, 'poll')}()  # a bad index a kernel reported since the last call"]
     if inputs:
         body.append(f"{', '.join(inputs)}, = args")
-    if checked:
+    if checked or strides:
         fb = names.bind(fallback, "old_path")
         tests = [f"{n}.data_ptr() & 15" + (f" != {a}" if a else "") for n, a in checked.items()]
+        tests += [f"{n}.stride() != {tuple(st)}" for n, st in (strides or {}).items()]
         body += [
             "# the kernels are specialized to their pointers' alignment, which Dynamo's",
-            "# guards do not fix: another one goes the old way, which plans for it",
+            "# guards do not fix, and views and launches to the strides the first call",
+            "# saw, which saved-tensor hooks may change (a backward's saved tensors come",
+            "# back from torch.autograd.graph.save_on_cpu contiguous): another alignment",
+            "# or other strides go the old way, which plans for them",
             "if (",
             *[f"    {t}" + (" or" if i < len(tests) - 1 else "") for i, t in enumerate(tests)],
             "):",
