@@ -134,7 +134,12 @@ def _checked_alignment(steps: list[Step], b: StepBuilder, seen: Any) -> dict[str
     return {n: layout[n].align for n in b.inputs if n in used and layout.get(n) is not None}
 
 
-def _input_strides(b: StepBuilder, seen: Any) -> dict[str, tuple[int, ...]]:
-    """The strides the first call saw of each tensor input of the graph."""
+def _input_strides(b: StepBuilder, seen: Any) -> dict[str, tuple[int | None, ...]]:
+    """The strides the first call saw of each tensor input of the graph, None for a dim of
+    size 1 (its stride addresses nothing: a tensor that differs only there is the same)."""
     layout = {n.name: seen.layouts.get(n) for n in b.gm.graph.nodes if n.op == "placeholder"}
-    return {n: layout[n].stride for n in b.inputs if layout.get(n) is not None}
+    return {
+        n: tuple(None if size == 1 else st for size, st in zip(lay.shape, lay.stride))
+        for n, lay in ((n, layout.get(n)) for n in b.inputs)
+        if lay is not None and any(size != 1 for size in lay.shape)
+    }
