@@ -9,9 +9,9 @@ microseconds for the whole grid), and otherwise scales its rows (a read and a wr
 the gradient: the extra pass that loss scaling or a division for gradient accumulation
 costs). On a CPU the check is a plain comparison.
 
-The saved gradient is overwritten, so its version counter is bumped: a second backward
-through the same graph (retain_graph=True) then fails autograd's saved-tensor check
-instead of scaling twice.
+The saved gradient is overwritten only when the graph is freed after this backward (no
+retain_graph): with retain_graph=True (or torch.autograd.grad's, or create_graph) a later
+backward reads it again, so it is scaled out of place there, as eager would have it.
 """
 
 from __future__ import annotations
@@ -49,9 +49,20 @@ if triton is not None:
 
 
 def scale_in_place(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
-    """grad *= upstream (a 0-d tensor) in place; returns grad."""
+    """grad *= upstream (a 0-d tensor) in place; returns grad. Out of place (a new
+    tensor, grad kept) when the backward running keeps its graph for another one."""
     if isinstance(grad, FakeTensor) or grad.device.type == "meta":
         return grad  # shape propagation (pad_mm.py) runs the graph on fake tensors
+    if torch._C._autograd._get_current_graph_task_keep_graph():
+        # retain_graph=True: a second backward reads the saved gradient again (scaled in
+        # place, the second got s1 * s2 times it, or autograd's in-place error)
+        up = upstream.to(grad.device)
+        if grad.device.type != "cuda" and not bool(up != 1):
+            return grad  # on the CPU the check is free; a GPU would synchronize for it
+        # in grad's own strides (its rows may be padded, ce_op.aligned): the call program
+        # resolves the views of this result with the layout its first call saw
+        out = torch.empty_strided(grad.shape, grad.stride(), dtype=grad.dtype, device=grad.device)
+        return out.copy_(grad.float() * up.float())
     if grad.dim() != 2 or grad.stride(1) != 1 or grad.device.type != "cuda" or triton is None:
         if grad.device.type == "cuda":  # an unusual layout: scaled out of place, no sync
             grad.copy_((grad.float() * upstream.float()).to(grad.dtype))

@@ -223,6 +223,19 @@ def is_symbolic(gm: fx.GraphModule) -> bool:
     return False
 
 
+def _data_dependent_sizes(gm: fx.GraphModule) -> bool:
+    """Whether a value of the graph has a size no input size fixes (unbacked: a
+    nonzero's, a slice to an .item())."""
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        for v in val if isinstance(val, (tuple, list)) else [val]:
+            if isinstance(v, torch.SymInt) or (
+                isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape)
+            ):
+                return True
+    return False
+
+
 class Specializing:
     """A graph with symbolic sizes, lowered again for each concrete input signature.
 
@@ -248,9 +261,15 @@ class Specializing:
         )
         fn = self.compiled.get(key)
         if fn is None:
-            concrete = _propagate(self.gm, args)
             name = f"{self.name}_s{len(self.compiled)}"
-            fn, record = lower_graph(concrete, self.kind, name, self.strict, self.check)
+            try:
+                concrete = _propagate(self.gm, args)
+            except Exception as e:  # eager runs what sizes cannot be propagated through
+                if self.strict:
+                    raise
+                fn, record = _aten_graph(copy_module(self.gm), self.kind, name, e)
+            else:
+                fn, record = lower_graph(concrete, self.kind, name, self.strict, self.check)
             record.kind = f"{self.kind} (specialized for sizes {_sizes(args)})"
             self.compiled[key] = fn
             self.records.append(record)
@@ -268,13 +287,19 @@ def _sizes(args: list) -> str:
 
 
 def _propagate(gm: fx.GraphModule, args: list) -> fx.GraphModule:
-    """A copy of gm whose node.meta['val'] hold the concrete sizes of `args`."""
+    """A copy of gm whose node.meta['val'] hold the concrete sizes of `args` (sizes that
+    depend on data, a nonzero's, stay symbolic: unbacked, as in a graph without dynamic
+    shapes)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     copy = copy_module(gm)
+    for n in copy.graph.nodes:  # symbols of the traced graph's shape environment
+        n.meta.pop("unbacked_bindings", None)
     with unset_fake_temporarily():
-        FakeTensorProp(copy, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
+        mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
+        FakeTensorProp(copy, mode).propagate(*args)
     return copy
 
 
@@ -296,20 +321,40 @@ def lower_graph(
     except Exception as e:
         if strict:
             raise
-        record.error = f"{type(e).__name__}: {str(e)[:500]}"
-        record.regions.clear()
-        record.fallbacks = [
-            Fallback(n.name, op_name(n), "the graph runs as ATen ops (error)")
-            for n in gm.graph.nodes
-            if n.op == "call_function"
-        ]
-        warnings.warn(f"fuser: {kind} graph {name} runs as ATen ops: {record.error}", stacklevel=2)
-        new_gm = gm
+        return _aten_graph(gm, kind, name, e, record, t0)
     record.module = new_gm
     run = boxed(new_gm)
-    if not record.error and not is_symbolic(new_gm):
-        # the program is built at the first call, from what that call shows
-        run = record.program = CallProgram(new_gm, name, run, strict)
+    if not record.error and not is_symbolic(new_gm) and not _data_dependent_sizes(new_gm):
+        # the program is built at the first call, from what that call shows (sizes that
+        # depend on the data would be taken for fixed: views of the first call's sizes)
+        run = record.program = CallProgram(new_gm, name, run, strict, kind == "backward")
+    record.compile_seconds = time.perf_counter() - t0
+    return run, record
+
+
+def _aten_graph(
+    gm: fx.GraphModule,
+    kind: str,
+    name: str,
+    e: Exception,
+    record: GraphRecord | None = None,
+    t0: float | None = None,
+) -> Any:
+    """gm run as its ATen ops, with the error in its record (explain shows it) and a
+    warning; returns (boxed callable, GraphRecord)."""
+    t0 = time.perf_counter() if t0 is None else t0
+    if record is None:
+        record = GraphRecord(kind, name, sum(n.op == "call_function" for n in gm.graph.nodes))
+    record.error = f"{type(e).__name__}: {str(e)[:500]}"
+    record.regions.clear()
+    record.fallbacks = [
+        Fallback(n.name, op_name(n), "the graph runs as ATen ops (error)")
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+    ]
+    warnings.warn(f"fuser: {kind} graph {name} runs as ATen ops: {record.error}", stacklevel=3)
+    record.module = gm
+    run = boxed(gm)
     record.compile_seconds = time.perf_counter() - t0
     return run, record
 

@@ -45,8 +45,8 @@ def shape_only_operands(gm: fx.GraphModule) -> int:
             val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
             if not isinstance(val, torch.Tensor) or val.dim() == 0:
                 continue
-            shape = list(val.shape)
             with graph.inserting_before(node):
+                shape = _size_args(graph, arg, val)
                 scalar = graph.call_function(
                     aten.full.default,
                     ([], 0),
@@ -54,13 +54,36 @@ def shape_only_operands(gm: fx.GraphModule) -> int:
                 )
                 scalar.meta["val"] = val.new_zeros(())
                 stand_in = graph.call_function(aten.expand.default, (scalar, shape))
-                stand_in.meta["val"] = scalar.meta["val"].expand(shape)
+                stand_in.meta["val"] = scalar.meta["val"].expand(val.shape)
             node.update_arg(pos, stand_in)
             replaced += 1
     if replaced:
         graph.eliminate_dead_code()
         gm.recompile()
     return replaced
+
+
+def _size_args(graph: fx.Graph, arg: fx.Node, val: torch.Tensor) -> list[Any]:
+    """The sizes of `arg` as an expand's arguments: ints, and for a symbolic size the node
+    that holds it (a SymInt graph input of that symbol, else a sym_size of arg). A raw
+    SymInt in a node's arguments is printed as the value it had when traced: the stand-in
+    kept the first call's sizes and the backward of the next shape failed."""
+    symbols = {
+        n.meta["val"].node.expr: n
+        for n in graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.SymInt)
+    }
+    sizes: list[Any] = []
+    for i, d in enumerate(val.shape):
+        if not isinstance(d, torch.SymInt):
+            sizes.append(int(d))
+            continue
+        known = symbols.get(d.node.expr)
+        if known is None:
+            known = graph.call_function(aten.sym_size.int, (arg, i))
+            known.meta["val"] = d
+        sizes.append(known)
+    return sizes
 
 
 def partition_fn(kind: str) -> Any:

@@ -185,6 +185,8 @@ def try_lower(node: fx.Node) -> str | None:
     fn = LOWERINGS.get(node.target)
     if fn is None:
         return fallback_reason(node)
+    if unsized := _data_dependent(node):
+        return f"{unsized} has sizes that depend on the data (a nonzero's, say): stays ATen"
     if empty := _empty(node):
         return f"{empty} is empty: no work for a kernel, stays ATen"
     fd = FusionDefinition("probe")
@@ -200,16 +202,36 @@ def try_lower(node: fx.Node) -> str | None:
     return None
 
 
+def _values(node: fx.Node) -> list[tuple[fx.Node, torch.Tensor]]:
+    """The tensors of `node`'s operands and result, each with the node that makes it."""
+    out = []
+    for n in (*node.all_input_nodes, node):
+        vals = n.meta.get("val")
+        for v in vals if isinstance(vals, (tuple, list)) else [vals]:
+            if isinstance(v, torch.Tensor):
+                out.append((n, v))
+    return out
+
+
+def _data_dependent(node: fx.Node) -> str | None:
+    """The first operand or result of `node` whose sizes are symbols no input size fixes
+    (unbacked: asking whether such a size is 0 raises, and a kernel is planned for
+    concrete sizes)."""
+    for n, v in _values(node):
+        if not all(isinstance(d, int) for d in v.shape):
+            return "the result" if n is node else f"operand {n.name}"
+    return None
+
+
 def _empty(node: fx.Node) -> str | None:
     """The first operand or result of `node` with no elements (ATen's empty-tensor rules,
     such as var of nothing being NaN, are not worth a kernel). A cat skips its empty
     pieces (layout.py): only its result counts."""
-    operands = [] if node.target is aten.cat.default else node.all_input_nodes
-    for n in (*operands, node):
-        vals = n.meta.get("val")
-        for v in vals if isinstance(vals, (tuple, list)) else [vals]:
-            if isinstance(v, torch.Tensor) and v.numel() == 0:
-                return "the result" if n is node else f"operand {n.name}"
+    for n, v in _values(node):
+        if node.target is aten.cat.default and n is not node:
+            continue
+        if v.numel() == 0:
+            return "the result" if n is node else f"operand {n.name}"
     return None
 
 

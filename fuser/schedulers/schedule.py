@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from fuser.errors import ScheduleError
 from fuser.explanation import Explanation
 
+# the most blocks a launch may have along x, y, z (CUDA's maxGridSize: a pointwise kernel
+# puts a row's column tiles on y, so a row of over 65535 tiles cannot launch)
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -136,6 +140,11 @@ class Schedule:
                 raise ScheduleError(
                     f"finalize_cols {f} is not a power of two times the vector {self.vector}"
                 )
+        if any(g > limit for g, limit in zip(self.grid, GRID_LIMITS)):
+            raise ScheduleError(
+                f"grid {self.grid} exceeds CUDA's {GRID_LIMITS[: len(self.grid)]} blocks a "
+                f"dimension ({self.rows} rows x {self.cols} columns, {self.chunk} a block)"
+            )
         if self.align_walk and self.kind != "inner_looped":
             raise ScheduleError("an aligned-start walk is a looped kernel's")
         if self.kind == "inner_outer":

@@ -11,11 +11,13 @@ runs any call made while config.backend is not the one the program was built und
 
 What each call still checks, and why: a bad index reported by a kernel (one poll), the
 alignment of the inputs whose data reaches a kernel (kernels are specialized to it and
-Dynamo's guards do not fix it), and whether a profiler hooked Triton's launches. Shapes,
-strides, dtypes and devices are not checked: Dynamo's guards fix them for the forward
-graph's inputs (dynamic=False; graphs with symbolic sizes never get a program), and
-AOTAutograd gives the backward its tangents in the traced layout; every other value is
-made by the program from those.
+Dynamo's guards do not fix it), whether a profiler hooked Triton's launches, and in a
+backward graph the strides of its inputs: AOTAutograd gives the backward its tangents in
+the traced layout, but its saved tensors come back through any saved-tensor hooks
+(torch.autograd.graph.save_on_cpu returns them contiguous, a gradient saved with padded
+rows among them). Shapes, dtypes and devices are not checked: Dynamo's guards fix them
+for the forward graph's inputs (dynamic=False; graphs with symbolic sizes never get a
+program); every other value is made by the program from those.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ class CallProgram:
     """The boxed callable lower_graph returns: the old path on the first call (and
     whenever config.call_program is off), the generated program after it."""
 
-    def __init__(self, gm: fx.GraphModule, name: str, old: Any, strict: bool):
+    def __init__(
+        self, gm: fx.GraphModule, name: str, old: Any, strict: bool, check_strides: bool = False
+    ):
         self._boxed_call = True  # an instance attribute: wrappers copy __dict__
         self.gm, self.name, self.old, self.strict = gm, name, old, strict
+        self.check_strides = check_strides  # a backward's inputs: see the module docstring
         self.fn: Any = None
         self.source = ""
         self.steps: list[Step] = []
@@ -92,6 +97,7 @@ class CallProgram:
                 _checked_alignment(steps, b, seen),
                 seen.device(),
                 self._decline,
+                _input_strides(b, seen) if self.check_strides else None,
             )
         except Exception as e:
             if self.strict:
@@ -126,3 +132,14 @@ def _checked_alignment(steps: list[Step], b: StepBuilder, seen: Any) -> dict[str
     used = {r for s in steps if s.kind == "launch" for u in s.uses for r in roots.get(u, ())}
     layout = {n.name: seen.layouts.get(n) for n in b.gm.graph.nodes if n.op == "placeholder"}
     return {n: layout[n].align for n in b.inputs if n in used and layout.get(n) is not None}
+
+
+def _input_strides(b: StepBuilder, seen: Any) -> dict[str, tuple[int | None, ...]]:
+    """The strides the first call saw of each tensor input of the graph, None for a dim of
+    size 1 (its stride addresses nothing: a tensor that differs only there is the same)."""
+    layout = {n.name: seen.layouts.get(n) for n in b.gm.graph.nodes if n.op == "placeholder"}
+    return {
+        n: tuple(None if size == 1 else st for size, st in zip(lay.shape, lay.stride))
+        for n, lay in ((n, layout.get(n)) for n in b.inputs)
+        if lay is not None and any(size != 1 for size in lay.shape)
+    }

@@ -65,10 +65,13 @@ def emit_program(
     checked: dict[str, int],
     device: torch.device | None,
     fallback: Callable[[list], Any],
+    strides: dict[str, tuple[int | None, ...]] | None = None,
 ) -> Emitted:
     """The function `func(args)` running `steps` (boxed: it clears `args`). `checked`:
     inputs whose pointer alignment (ptr & 15) the kernels were specialized to; a call
-    with another alignment runs `fallback`, the old path, which plans for it."""
+    with another alignment runs `fallback`, the old path, which plans for it. `strides`:
+    inputs whose strides no guard fixes, with those the steps were made for (None: any,
+    a dim of size 1); a call with others runs `fallback` too."""
     g = names.globals
     fast = any(s.on_stream for s in steps)
     launched = {s.device for s in steps if s.kind == "launch" and s.device is not None}
@@ -84,12 +87,16 @@ def emit_program(
     body = [f"{names.bind(poll, 'poll')}()  # a bad index a kernel reported since the last call"]
     if inputs:
         body.append(f"{', '.join(inputs)}, = args")
-    if checked:
+    if checked or strides:
         fb = names.bind(fallback, "old_path")
         tests = [f"{n}.data_ptr() & 15" + (f" != {a}" if a else "") for n, a in checked.items()]
+        tests += [_stride_test(n, st) for n, st in (strides or {}).items()]
         body += [
             "# the kernels are specialized to their pointers' alignment, which Dynamo's",
-            "# guards do not fix: another one goes the old way, which plans for it",
+            "# guards do not fix, and views and launches to the strides the first call",
+            "# saw, which saved-tensor hooks may change (a backward's saved tensors come",
+            "# back from torch.autograd.graph.save_on_cpu contiguous): another alignment",
+            "# or other strides go the old way, which plans for them",
             "if (",
             *[f"    {t}" + (" or" if i < len(tests) - 1 else "") for i, t in enumerate(tests)],
             "):",
@@ -133,6 +140,16 @@ def emit_program(
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), g)
     return Emitted(source, g[func])
+
+
+def _stride_test(name: str, stride: tuple[int | None, ...]) -> str:
+    """`name`'s strides differ from `stride` (its None dims not compared)."""
+    if None not in stride:
+        return f"{name}.stride() != {tuple(stride)}"
+    dims = [i for i, st in enumerate(stride) if st is not None]
+    got = ", ".join(f"{name}.stride({i})" for i in dims)
+    want = ", ".join(str(stride[i]) for i in dims)
+    return f"({got},) != ({want},)"
 
 
 def _free(memory: MemoryPlan, i: int) -> list[str]:
