@@ -650,6 +650,8 @@ COMPOSITE_SAMPLES = [
     _softmax("log_softmax", -1, ROW_SHAPES),
     _softmax("log_softmax", 0, ROW_SHAPES),
     _softmax("log_softmax", 1, SHAPES_3D),
+    _softmax("safe_softmax", -1, ROW_SHAPES),
+    _softmax("safe_softmax", 1, SHAPES_3D),
     _cross_entropy("cross_entropy", -100),
     _cross_entropy("cross_entropy_ignore3", 3),  # the ignored id is also a real class
     _cross_entropy("cross_entropy_i32_target", -100, I32),
