@@ -6,13 +6,15 @@ within 1.5x of a bare `cuLaunchKernel` through cuda.bindings with the same argum
 One small pointwise fusion (y = x * 2 + b over [rows, cols], one block's worth) is
 compiled for each backend, then each way of launching it is timed on the host:
 
-- `bare-cuLaunchKernel`: the driver call alone, its parameter block prepared once: the
-  CUDA C++ kernel of the same fusion (NVRTC), the same tensors, the same row count. It is
-  the floor for both backends' launches (a Triton kernel's parameter list is Triton's
-  own: a first try that rebuilt it by hand faulted with an illegal address on the H100,
-  cause not found, so the floor is measured where fuser owns the parameter list).
-- `program-triton`: the line the call program emits for a Triton kernel
-  (fuser/dynamo/program/regions.py): Triton's compiled launcher called directly.
+- `bare-cuLaunchKernel`: the driver call alone through cuda.bindings, its parameter block
+  prepared once, per backend: for Triton, the function Triton loaded with the same
+  arguments (the ones that are not constexprs, then the two null scratch pointers every
+  Triton 3.x CUDA kernel takes; an earlier try without those faulted); for CUDA C++,
+  fuser's NVRTC kernel of the same fusion. Each backend's floor.
+- `program-triton-c`, `program-static`, `program-triton`: the line the call program
+  emits for a Triton kernel with each launcher of fuser/runtime/launchers.py (the
+  tensors passed as their pointers, as the program does; `*-tensors`: the tensors
+  themselves, which the launcher turns into checked pointers).
 - `program-cuda`: `kernel.launch_unchecked(tensors)`, what the program emits for a
   CUDA C++ kernel (fuser's prepared cuLaunchKernel, fuser/runtime/cuda_backend.py).
 - `compiled-fn-*`: a whole `torch.compile(backend="fuser")` call of the same function
@@ -88,14 +90,42 @@ def _ways(backend: str, kernel, tensors: list[torch.Tensor]) -> dict[str, Callab
             "bare-cuLaunchKernel": _bare_cuda(kernel, tensors),
             "program-cuda": lambda: kernel.launch_unchecked(tensors),
         }
-    args = [*tensors, kernel.spec.rows]
-    run, function, packed, (gx, gy, gz) = kernel._fast[0]
-    stream = torch.cuda.current_stream().cuda_stream
+    from fuser.runtime.launchers import WAYS, direct_launch
 
-    def program_line() -> None:
-        run(gx, gy, gz, stream, function, packed, None, None, None, *args)
+    nargs = len(tensors) + 1  # the tensors, then the row count
+    out: dict[str, Callable[[], None]] = {}
+    for way in WAYS:
+        d = direct_launch(kernel._compiled, nargs, kernel._grid3, way)
+        if d.way != way:
+            print(f"triton  {way}: not available here ({d.way} instead)")
+            continue
+        out[f"program-{way}"] = _program_line(d, tensors, kernel.spec.rows, pointers=True)
+        out[f"{way}-tensors"] = _program_line(d, tensors, kernel.spec.rows, pointers=False)
+    return out
 
-    return {"program-triton": program_line}
+
+def _program_line(d, tensors: list[torch.Tensor], rows: int, pointers: bool) -> Callable:
+    """A function whose body is the line the call program emits for DirectLaunch `d`
+    (fuser/dynamo/program/regions.py _launch_line), its tensors as closure variables as a
+    program's are locals. `pointers`: each tensor passed as its data_ptr(), as the
+    program passes them (False: the tensors themselves, a variant measured)."""
+    from fuser.dynamo.program.regions import _launch_line
+    from fuser.dynamo.program.steps import Names
+
+    class Builder:
+        names = Names(set())
+
+    names = [f"t{i}" for i in range(len(tensors))]
+    call_args = [f"{n}.data_ptr()" if pointers else n for n in names] + [str(rows)]
+    line = _launch_line(d, call_args, "kernel", Builder)
+    src = (
+        f"def make({', '.join(names)}, stream):\n"
+        f"    def launch():\n        {line}\n"
+        "    return launch\n"
+    )
+    scope = dict(Builder.names.globals)
+    exec(src, scope)
+    return scope["make"](*tensors, torch.cuda.current_stream().cuda_stream)
 
 
 def _compiled_call(backend: str, x, b, want) -> Callable[[], None]:
@@ -109,40 +139,86 @@ def _compiled_call(backend: str, x, b, want) -> Callable[[], None]:
     return lambda: compiled(x, b)
 
 
+def _bare_triton(kernel, tensors: list[torch.Tensor]) -> Callable[[], None]:
+    """cuLaunchKernel through cuda.bindings on the function Triton loaded, its parameter
+    block built once: the arguments that are not constexprs, then the two scratch
+    pointers every Triton 3.x CUDA kernel takes (null: fuser's kernels use none)."""
+    import ctypes
+
+    from cuda.bindings.driver import CUfunction, CUresult, CUstream, cuLaunchKernel
+
+    c = kernel._compiled
+    args = [*tensors, kernel.spec.rows]
+    values: list = []
+    for a, ty in zip(args, c.src.signature.values()):
+        if ty == "constexpr":
+            continue
+        if str(ty).startswith("*"):
+            values.append(ctypes.c_void_p(a.data_ptr()))
+        elif ty in ("i32", "i64"):
+            values.append((ctypes.c_int32 if ty == "i32" else ctypes.c_int64)(a))
+        else:
+            raise NotImplementedError(f"argument type {ty}")
+    values += [ctypes.c_void_p(0), ctypes.c_void_p(0)]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    at = ctypes.addressof(params)
+    fn = CUfunction(c.function)
+    stream = CUstream(torch.cuda.current_stream().cuda_stream)
+    (gx, gy, gz), threads, shared = kernel._grid3, 32 * c.metadata.num_warps, c.metadata.shared
+    ok = CUresult.CUDA_SUCCESS
+
+    def launch() -> None:
+        (err,) = cuLaunchKernel(fn, gx, gy, gz, threads, 1, 1, shared, stream, at, 0)
+        if err != ok:
+            raise RuntimeError(f"cuLaunchKernel: {err!r}")
+
+    launch.keep = (values, params)  # the block stays alive with the function
+    return launch
+
+
 def measure(rows: int, cols: int, launches: int, batches: int, meta: dict) -> list[dict]:
     dtype = torch.bfloat16
     x = torch.randn(rows, cols, device="cuda", dtype=dtype)
     b = torch.randn(cols, device="cuda", dtype=dtype)
     want = (x.float() * 2 + b.float()).to(dtype)
     out: list[dict] = []
-    for backend in ("cuda", "triton"):  # the bare floor first
+    for backend in ("triton", "cuda"):
         fd = _fusion(dtype)
         (y,) = fd.execute([x, b], backend=backend)
         torch.testing.assert_close(y, want)
         (kernel,) = fd.kernels
-        tensors = [x, b, torch.empty_like(x)]
+        # the kernel's arguments in its spec's order (inputs, then the output)
+        tensors = [
+            torch.empty_like(x) if is_out else (b if len(shape) == 1 else x)
+            for is_out, _, shape, _ in kernel.arg_plan
+        ]
         ways = _ways(backend, kernel, tensors)
+        if backend == "triton":
+            ways = {"bare-cuLaunchKernel": _bare_triton(kernel, tensors), **ways}
         for name, fn in ways.items():
-            fn()
-            torch.cuda.synchronize()
-            torch.testing.assert_close(tensors[2], want)  # the launch did the work
-            tensors[2].zero_()
-            us = host_us(fn, launches, batches)
-            out.append({**meta, "backend": backend, "way": name, "host_us": round(us, 3)})
-            print(f"{backend:7s} {name:22s} {us:8.2f} us/launch", flush=True)
-
+            tensors[-1].zero_()
+            row = {**meta, "backend": backend, "way": name}
+            try:
+                fn()
+                torch.cuda.synchronize()
+                torch.testing.assert_close(tensors[-1], want)  # the launch did the work
+                row["host_us"] = round(host_us(fn, launches, batches), 3)
+                print(f"{backend:7s} {name:22s} {row['host_us']:8.2f} us/launch", flush=True)
+            except Exception as e:  # a way that fails is reported, the others still run
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+                print(f"{backend:7s} {name:22s} FAILED {row['error']}", flush=True)
+            out.append(row)
         us = host_us(_compiled_call(backend, x, b, want), launches, batches)
         out.append({**meta, "backend": backend, "way": "compiled-fn", "host_us": round(us, 3)})
         print(f"{backend:7s} {'compiled-fn':22s} {us:8.2f} us/call", flush=True)
-    bare = next(r["host_us"] for r in out if r["way"] == "bare-cuLaunchKernel")
     for backend in ("triton", "cuda"):
-        rows_b = {r["way"]: r["host_us"] for r in out if r["backend"] == backend}
-        prog = rows_b.get(f"program-{backend}")
-        if prog and bare:
-            ratio = prog / bare
+        mine = [r for r in out if r["backend"] == backend and "host_us" in r]
+        bare = next((r["host_us"] for r in mine if r["way"] == "bare-cuLaunchKernel"), None)
+        for r in [r for r in mine if r["way"].startswith("program-") and bare]:
+            ratio = r["host_us"] / bare
             verdict = "PASS" if ratio <= 1.5 else "FAIL"
-            print(f"{backend}: program launch / bare cuLaunchKernel = {ratio:.2f}x ({verdict})")
-            out.append({**meta, "backend": backend, "way": "ratio", "ratio": round(ratio, 3)})
+            print(f"{backend} {r['way']}: launch / bare cuLaunchKernel = {ratio:.2f}x ({verdict})")
+            out.append({**meta, "backend": backend, "way": f"ratio {r['way']}", "ratio": ratio})
     return out
 
 

@@ -46,6 +46,10 @@ FUSER_LOOPED_STAGES  the pipeline depth of Triton's inner looped row walks (tl.r
               an iteration's loads issued that many - 1 iterations ahead through shared
               memory, where fuser/plan/build.py _walk_stages allows it); default 0: the
               planner's WALK_STAGES; 1: unpipelined
+FUSER_LAUNCHER  how call programs launch Triton kernels (fuser/runtime/launchers.py): "static"
+              (torch's C++ launcher, Inductor's), "triton-c" (Triton's compiled launcher without
+              its Python frame) or "triton" (Triton's launcher as its JIT calls it); default:
+              the first of those this process and kernel allow
 FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
               (overflow, invalid value, divide by zero) from generated kernels: the test
               suite's check that a kernel computes no inf or NaN that eager does not (default
@@ -78,6 +82,7 @@ class Config:
     linear_cross_entropy: str = "auto"
     inner_outer_stages: int = 0
     looped_stages: int = 0
+    launcher: str = ""
 
 
 def _read() -> Config:
@@ -98,6 +103,7 @@ def _read() -> Config:
         linear_cross_entropy=os.environ.get("FUSER_LINEAR_CE", "auto") or "auto",
         inner_outer_stages=int(os.environ.get("FUSER_INNER_OUTER_STAGES", "0") or 0),
         looped_stages=int(os.environ.get("FUSER_LOOPED_STAGES", "0") or 0),
+        launcher=os.environ.get("FUSER_LAUNCHER", ""),
     )
 
 

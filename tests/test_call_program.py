@@ -247,32 +247,111 @@ def test_program_frees_every_local_it_does_not_return():
     assert NEVER > len(p.steps)
 
 
-def test_a_compiled_triton_kernel_is_launched_as_its_own_wrapper_launches_it():
-    """On a GPU the program calls Triton's launcher directly (kernel.py's fast path); no
-    GPU here, so a stand-in launcher records what the emitted line passes."""
+@pytest.mark.parametrize("way", ["static", "triton-c", "triton"])
+def test_a_compiled_triton_kernel_is_launched_as_its_launcher_takes_it(way):
+    """On a GPU the program calls a launcher directly (runtime/launchers.py); no GPU
+    here, so a stand-in launcher records what the emitted line passes: the argument
+    order of torch's static launcher (constexprs dropped, two scratch pointers added),
+    of Triton's C launcher and of Triton's Python launcher."""
     from types import SimpleNamespace
 
     from fuser.dynamo.program.regions import _launch
     from fuser.dynamo.program.steps import Names
+    from fuser.runtime.launchers import DirectLaunch
 
     got = []
+
+    def record(*a):
+        got.append(a)
+
+    keep = (0, 2, 3) if way == "static" else (0, 1, 2, 3)  # argument 1 a constexpr
+    launch = DirectLaunch(
+        way, record, "FN", (5, 1, 1), keep, types="OOiOO", packed="META", num_warps=4, shared=64
+    )
     kernel = SimpleNamespace(
         name="fx_k0",
         backend="triton",
-        _fast=[(lambda *a: got.append(a), "FN", "META", (5, 1, 1))],
+        _fast=[launch],
         workspace_dtypes=[torch.float32],
         plan=SimpleNamespace(split_rows=2),
         spec=SimpleNamespace(cols=3, rows=11, checks=()),
     )
     builder = SimpleNamespace(names=Names({"a", "b"}))
-    alloc, launch = _launch(kernel, ["a", "b"], builder, torch.device("cpu"))
+    alloc, step = _launch(kernel, ["a", "b"], builder, torch.device("cpu"))
     assert alloc.kind == "alloc"
     assert alloc.alloc == ((6,), (1,), torch.float32, torch.device("cpu"))
     ws = alloc.defines[0]
-    assert launch.uses == ("a", "b", ws) and launch.on_stream
-    scope = dict(builder.names.globals, a="A", b="B", stream=99, **{ws: "WS"})
-    exec(launch.code, scope)
-    assert got == [(5, 1, 1, 99, "FN", "META", None, None, None, "A", "B", "WS", 11)]
+    assert step.uses == ("a", "b", ws) and step.on_stream
+    # the program passes each tensor's pointer (its data_ptr), the row count as it is
+    ptrs = {
+        name: SimpleNamespace(data_ptr=lambda v=v: v)
+        for name, v in zip(("a", "b", ws), (10, 20, 30))
+    }  # noqa: E501
+    scope = dict(builder.names.globals, stream=99, **ptrs)
+    exec(step.code, scope)
+    want = {
+        "static": ("FN", 5, 1, 1, 4, 64, "OOiOO", (10, 30, 11, None, None), 99),
+        "triton-c": (5, 1, 1, 99, "FN", 0, 0, None, None, "META", None, None, None, 10, 20, 30, 11),  # noqa: E501
+        "triton": (5, 1, 1, 99, "FN", "META", None, None, None, 10, 20, 30, 11),
+    }[way]
+    assert got == [want]
+    got.clear()
+    launch(99, [10, 20, 30, 11])  # the kernel's own fast path (kernel.py) passes the same
+    assert got == [want]
+
+
+def _compiled_kernel(signature: dict, **meta):
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(launch=lambda *a: None)
+    fields = dict(num_warps=4, shared=0, num_ctas=1, global_scratch_size=0, profile_scratch_size=0)
+    fields.update(launch_cooperative_grid=False, launch_pdl=False)
+    return SimpleNamespace(
+        src=SimpleNamespace(signature=signature),
+        metadata=SimpleNamespace(**{**fields, **meta}),
+        run=run,
+        function=7,
+        packed_metadata=(4, 1, 0),
+    )
+
+
+def test_the_launcher_is_chosen_per_kernel(monkeypatch):
+    """Triton's C launcher where the kernel needs nothing of Triton's Python launcher
+    (scratch memory, cooperative, PDL or cluster launches), torch's static launcher where
+    that C entry point is missing or FUSER_LAUNCHER asks for it, else Triton's own."""
+    from types import SimpleNamespace
+
+    from fuser.config import config
+    from fuser.runtime import launchers
+
+    sig = {"x": "*bf16", "BLOCK": "constexpr", "y": "*fp32", "rows": "i32"}
+    static = SimpleNamespace(_launch_kernel=lambda *a: None)
+    monkeypatch.setattr(torch._C, "_StaticCudaLauncher", static, raising=False)
+
+    def way(kernel=None, **meta):
+        return launchers.direct_launch(kernel or _compiled_kernel(sig, **meta), 4, (9,)).way
+
+    d = launchers.direct_launch(_compiled_kernel(sig), 4, (9,))
+    assert (d.way, d.keep, d.grid) == ("triton-c", (0, 1, 2, 3), (9, 1, 1))
+    assert way(global_scratch_size=8) == "triton"
+    assert way(num_ctas=2) == "triton"
+    assert way(launch_pdl=True) == "triton"
+    monkeypatch.setattr(config, "launcher", "static")
+    d = launchers.direct_launch(_compiled_kernel(sig), 4, (9,))
+    assert (d.way, d.keep, d.types, d.num_warps) == ("static", (0, 2, 3), "OOiOO", 4)
+    odd = {**sig, "rows": "nvTmaDesc"}  # a type the static launcher cannot pass
+    assert way(_compiled_kernel(odd)) == "triton-c"
+    monkeypatch.setattr(config, "launcher", "triton")
+    assert way() == "triton"
+    monkeypatch.setattr(config, "launcher", "bogus")
+    with pytest.raises(ValueError, match="FUSER_LAUNCHER"):
+        way()
+    monkeypatch.setattr(config, "launcher", "")
+    no_c = _compiled_kernel(sig)
+    no_c.run = SimpleNamespace()  # a Triton whose launcher has no C entry point
+    assert way(no_c) == "static"
+    monkeypatch.delattr(torch._C, "_StaticCudaLauncher", raising=False)
+    assert way(no_c) == "triton"
 
 
 def test_two_region_outputs_of_one_value_each_get_their_tensor():

@@ -18,6 +18,7 @@ from fuser.plan.build import make_plan
 from fuser.plan.kernel_plan import KernelPlan
 from fuser.runtime import timing
 from fuser.runtime.checks import check_args, raise_claimed
+from fuser.runtime.launchers import direct_launch
 from fuser.runtime.timing import KernelTime
 from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED, load_module
 from fuser.schedulers.schedule import Schedule
@@ -46,19 +47,19 @@ def _launch_hooked() -> bool:
 
 
 def _direct_launches(
-    first: Any, grid3: tuple, fin: Any, fin_grid3: tuple = ()
-) -> list[tuple] | None:
-    """(launcher, function, packed metadata, grid) of a compiled kernel and its finalize
-    pass: what Triton's own launch wrapper passes to the launcher on every call. None
-    when this Triton's CompiledKernel does not have them (the wrapper is used then)."""
+    first: Any, grid3: tuple, fin: Any, fin_grid3: tuple, nargs: int
+) -> list | None:
+    """The DirectLaunch (runtime/launchers.py) of a compiled kernel and of its finalize
+    pass, called with `nargs` arguments. None when this Triton's CompiledKernel does not
+    have what they need (Triton's launch wrapper is used then)."""
     global _runtime_knobs
     try:
         from triton import knobs
 
         _runtime_knobs = knobs.runtime
-        out = [(first.run, first.function, first.packed_metadata, grid3)]
+        out = [direct_launch(first, nargs, grid3)]
         if fin is not None:
-            out.append((fin.run, fin.function, fin.packed_metadata, fin_grid3))
+            out.append(direct_launch(fin, nargs, fin_grid3))
         return out
     except AttributeError:
         return None
@@ -216,8 +217,8 @@ class Kernel:
             # and, unless a profiler hooked Triton's launches, its launch wrapper too
             if self._fast is not None and not _launch_hooked():
                 stream = _raw_stream(tensors[0].get_device())
-                for run, function, packed, (gx, gy, gz) in self._fast:
-                    run(gx, gy, gz, stream, function, packed, None, None, None, *args)
+                for launch in self._fast:
+                    launch(stream, args)
                 return
             self._compiled[self._grid3](*args)
             if self._finalize is not None:
@@ -250,7 +251,7 @@ class Kernel:
             timing.kernel(KernelTime(self.name, "triton", origin, time.perf_counter() - t0))
         if not interp and first is not None:
             self._compiled, self._finalize = first, fin
-            self._fast = _direct_launches(first, self._grid3, fin, self._fin_grid3)
+            self._fast = _direct_launches(first, self._grid3, fin, self._fin_grid3, len(args))
 
     def _workspace_tensors(self, device: torch.device) -> list[torch.Tensor]:
         n = self.plan.split_rows * self.spec.cols

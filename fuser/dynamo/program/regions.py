@@ -146,13 +146,31 @@ def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
     if kernel.spec.checks:
         record, flag = check_args(kernel, device)
         extra += [b.names.bind(record, f"{kernel.name}_errors"), b.names.bind(flag, "error_flag")]
-    tail = ", ".join([*args, *extra, str(kernel.spec.rows)])
-    lines = []
-    for i, (run, function, packed, (gx, gy, gz)) in enumerate(fast):
-        part = "" if i == 0 else "_finalize"
-        r = b.names.bind(run, f"{kernel.name}{part}_run")
-        f = b.names.bind(function, f"{kernel.name}{part}_fn")
-        m = b.names.bind(packed, f"{kernel.name}{part}_meta")
-        lines.append(f"{r}({gx}, {gy}, {gz}, stream, {f}, {m}, None, None, None, {tail})")
+    # tensors go to the launchers as their pointers: a launcher would otherwise call
+    # data_ptr itself and ask the driver whether each is a device pointer, which the
+    # program knows (Dynamo's guards fix its inputs' devices; it allocates the rest)
+    call_args = [f"{a}.data_ptr()" for a in (*args, *extra)] + [str(kernel.spec.rows)]
+    names = [kernel.name, kernel.name + "_finalize"]
+    lines = [_launch_line(launch, call_args, name, b) for launch, name in zip(fast, names)]
     steps.append(Step("launch", (), uses, "\n".join(lines), on_stream=True, device=device))
     return steps
+
+
+def _launch_line(launch: Any, call_args: list[str], name: str, b: StepBuilder) -> str:
+    """The program's line for one DirectLaunch (runtime/launchers.py) of kernel `name`."""
+    f = b.names.bind(launch.function, f"{name}_fn")
+    gx, gy, gz = launch.grid
+    if launch.way == "static":
+        call = b.names.bind(launch.call, "static_launch")
+        kept = [call_args[i] for i in launch.keep] + ["None", "None"]  # + Triton's scratch
+        return (
+            f"{call}({f}, {gx}, {gy}, {gz}, {launch.num_warps}, {launch.shared}, "
+            f"{launch.types!r}, ({', '.join(kept)}), stream)"
+        )
+    call = b.names.bind(launch.call, f"{name}_launch")
+    m = b.names.bind(launch.packed, f"{name}_meta")
+    head = f"{call}({gx}, {gy}, {gz}, stream, {f}"
+    tail = ", ".join(call_args)
+    if launch.way == "triton-c":  # no cooperative launch, no PDL, no scratch, no hooks
+        return f"{head}, 0, 0, None, None, {m}, None, None, None, {tail})"
+    return f"{head}, {m}, None, None, None, {tail})"
