@@ -15,8 +15,9 @@ compiled for each backend, then each way of launching it is timed on the host:
   emits for a Triton kernel with each launcher of fuser/runtime/launchers.py (the
   tensors passed as their pointers, as the program does; `*-tensors`: the tensors
   themselves, which the launcher turns into checked pointers).
-- `program-cuda`: `kernel.launch_unchecked(tensors)`, what the program emits for a
-  CUDA C++ kernel (fuser's prepared cuLaunchKernel, fuser/runtime/cuda_backend.py).
+- `program-cuda`: the line the program emits for a CUDA C++ kernel: fuser's prepared
+  cuLaunchKernel (fuser/runtime/cuda_backend.py) called with the pointers;
+  `launch_unchecked`: the kernel's general launch, which the program called before.
 - `compiled-fn-*`: a whole `torch.compile(backend="fuser")` call of the same function
   (Dynamo's guards, AOTAutograd's wrapper, the program): the per-call cost a user sees.
 
@@ -86,9 +87,16 @@ def _bare_cuda(kernel, tensors: list[torch.Tensor]) -> Callable[[], None]:
 def _ways(backend: str, kernel, tensors: list[torch.Tensor]) -> dict[str, Callable[[], None]]:
     """The bare driver call and the call program's launch of `kernel` on `tensors`."""
     if backend == "cuda":
+        from fuser.runtime.cuda_backend import direct_launcher
+
+        launcher = direct_launcher(kernel, tensors[0].device)
+        stream = torch.cuda.current_stream().cuda_stream
+        x, y, z = tensors
         return {
             "bare-cuLaunchKernel": _bare_cuda(kernel, tensors),
-            "program-cuda": lambda: kernel.launch_unchecked(tensors),
+            # the program's line (program/regions.py): the prepared launch, the pointers
+            "program-cuda": lambda: launcher([x.data_ptr(), y.data_ptr(), z.data_ptr()], stream),
+            "launch_unchecked": lambda: kernel.launch_unchecked(tensors),  # the general way
         }
     from fuser.runtime.launchers import WAYS, direct_launch
 

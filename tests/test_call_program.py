@@ -300,6 +300,38 @@ def test_a_compiled_triton_kernel_is_launched_as_its_launcher_takes_it(way):
     assert got == [want]
 
 
+def test_a_cuda_kernel_is_launched_through_its_prepared_launcher():
+    """A CUDA C++ kernel launched once on a GPU has a prepared driver launch
+    (runtime/cuda_backend.py _Launcher); the program calls it with the pointers of the
+    tensors, the workspaces, then the error record and flag, as launch_cuda orders them.
+    Before it launched (or on CPU) the program takes the kernel's general launch."""
+    from types import SimpleNamespace
+
+    from fuser.dynamo.program.regions import _launch
+    from fuser.dynamo.program.steps import Names
+
+    got = []
+    kernel = SimpleNamespace(
+        name="fx_k0",
+        _fast=None,
+        _cuda_launchers={0: lambda pointers, stream: got.append((pointers, stream))},
+        workspace_dtypes=[torch.float32],
+        plan=SimpleNamespace(split_rows=2),
+        spec=SimpleNamespace(cols=3, rows=11, checks=()),
+    )
+    builder = SimpleNamespace(names=Names({"a", "b"}))
+    alloc, step = _launch(kernel, ["a", "b"], builder, torch.device("cuda", 0))
+    ws = alloc.defines[0]
+    assert step.on_stream and step.uses == ("a", "b", ws)
+    ptrs = {n: SimpleNamespace(data_ptr=lambda v=v: v) for n, v in (("a", 1), ("b", 2), (ws, 3))}
+    exec(step.code, dict(builder.names.globals, stream=7, **ptrs))
+    assert got == [([1, 2, 3], 7)]
+    (general,) = _launch(kernel, ["a", "b"], builder, torch.device("cuda", 1))  # not launched there
+    assert "launch_unchecked" in general.code and not general.on_stream
+    (cpu,) = _launch(kernel, ["a", "b"], builder, torch.device("cpu"))
+    assert "launch_unchecked" in cpu.code
+
+
 def _compiled_kernel(signature: dict, **meta):
     from types import SimpleNamespace
 

@@ -382,6 +382,16 @@ def _launcher(kernel: Any, index: int, nargs: int) -> _Launcher:
     return got
 
 
+def direct_launcher(kernel: Any, device: Any) -> _Launcher | None:
+    """The prepared launcher a call program may call itself, `launcher(pointers, stream)`
+    with the pointers of `kernel`'s tensors, then its workspaces, then its error record
+    and flag: launch_cuda's order. None where it goes launch_cuda's general way (not on
+    a CUDA device, cuda.core asked for, or not launched on that device yet)."""
+    if getattr(device, "type", None) != "cuda" or device.index is None or _use_core():
+        return None
+    return kernel._cuda_launchers.get(device.index)
+
+
 def launch_cuda(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
     """Run `kernel` on `tensors` (its spec's args, in order) on torch's current stream;
     `checks`: its error record and flag when it has check_index nodes."""

@@ -17,6 +17,7 @@ from torch import fx
 
 from fuser.dynamo.program.step import Step
 from fuser.runtime.checks import check_args
+from fuser.runtime.cuda_backend import direct_launcher
 
 if TYPE_CHECKING:
     from fuser.dynamo.program.steps import StepBuilder
@@ -129,12 +130,14 @@ def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
     # Triton's compiled launchers, set by a GPU launch (kernel.py); None for the
     # interpreter and for backends that launch otherwise (CUDA's cuda.core launcher)
     fast = kernel._fast
-    if fast is None:  # the kernel's own unchecked launch
+    cuda = direct_launcher(kernel, device) if fast is None else None
+    if fast is None and cuda is None:  # the kernel's own unchecked launch
         k = b.names.bind(kernel, kernel.name)
         code = f"{k}.launch_unchecked([{', '.join(args)}])"
         return [Step("launch", (), tuple(args), code, device=device)]
-    # Triton's compiled launcher, called as its own wrapper calls it (kernel.py); the
-    # program checks once per call that no profiler hooked the launches
+    # a Triton kernel's launcher called directly (runtime/launchers.py; the program checks
+    # once per call that no profiler hooked Triton's launches), or the prepared driver
+    # launch of a CUDA C++ kernel (runtime/cuda_backend.py)
     steps = []
     extra: list[str] = []
     for dt in kernel.workspace_dtypes:
@@ -149,7 +152,13 @@ def _launch(kernel: Any, args: list[str], b: StepBuilder, device: Any) -> list:
     # tensors go to the launchers as their pointers: a launcher would otherwise call
     # data_ptr itself and ask the driver whether each is a device pointer, which the
     # program knows (Dynamo's guards fix its inputs' devices; it allocates the rest)
-    call_args = [f"{a}.data_ptr()" for a in (*args, *extra)] + [str(kernel.spec.rows)]
+    pointers = [f"{a}.data_ptr()" for a in (*args, *extra)]
+    if cuda is not None:  # the row count is compiled into a CUDA C++ kernel
+        launch = b.names.bind(cuda, f"{kernel.name}_cuda_launch")
+        code = f"{launch}([{', '.join(pointers)}], stream)"
+        steps.append(Step("launch", (), uses, code, on_stream=True, device=device))
+        return steps
+    call_args = [*pointers, str(kernel.spec.rows)]
     names = [kernel.name, kernel.name + "_finalize"]
     lines = [_launch_line(launch, call_args, name, b) for launch, name in zip(fast, names)]
     steps.append(Step("launch", (), uses, "\n".join(lines), on_stream=True, device=device))
