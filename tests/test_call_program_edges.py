@@ -146,3 +146,33 @@ def test_the_plan_inlined_is_the_one_for_the_first_calls_inputs(monkeypatch):
         x = torch.randn(5, 6)
         torch.testing.assert_close(compiled(x), f(x))
     assert program.calls == 2
+
+
+def test_a_backward_input_on_another_device_goes_the_old_way(monkeypatch):
+    """A backward program's inputs (saved tensors, tangents) have no Dynamo guard, and its
+    launches pass bare pointers: a tensor that a saved-tensor hook brought back on another
+    device would be read as a device address. The program checks the device of every
+    input a kernel reads and hands such a call to the old path, whose launches check."""
+    from fuser.dynamo.program.emit import emit_program
+    from fuser.dynamo.program.memory import plan_memory
+    from fuser.dynamo.program.step import Step
+    from fuser.dynamo.program.steps import Names
+
+    # a CPU build of torch has no CUDA stream to bind; the call never gets that far here
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    cuda = torch.device("cuda", 0)
+    code = "raise AssertionError('launched')"
+    steps = [Step("launch", (), ("x",), code, on_stream=True, device=cuda)]
+    old = []
+    out = emit_program(
+        "bw", steps, plan_memory(steps, ["x"], []), Names({"x"}), ["x"], "()", {"x": 0},
+        cuda, lambda args: old.append(args) or "old", strides={"x": (3, 1)},
+    )  # fmt: skip
+    assert "x.get_device() != 0" in out.source
+    x = torch.randn(4, 3)  # on the CPU: get_device() is -1
+    assert out.fn([x]) == "old" and old
+    forward = emit_program(
+        "fw", steps, plan_memory(steps, ["x"], []), Names({"x"}), ["x"], "()", {"x": 0},
+        cuda, lambda args: None,
+    )  # fmt: skip
+    assert "get_device" not in forward.source  # Dynamo's guards fix a forward's devices

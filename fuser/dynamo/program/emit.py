@@ -91,12 +91,16 @@ def emit_program(
         fb = names.bind(fallback, "old_path")
         tests = [f"{n}.data_ptr() & 15" + (f" != {a}" if a else "") for n, a in checked.items()]
         tests += [_stride_test(n, st) for n, st in (strides or {}).items()]
+        if strides is not None and fast and device is not None and device.type == "cuda":
+            # a backward's inputs have no Dynamo guard, and the launches pass pointers: a
+            # tensor on another device goes the old way, whose launches check them
+            tests += [f"{n}.get_device() != {device.index or 0}" for n in checked]
         body += [
             "# the kernels are specialized to their pointers' alignment, which Dynamo's",
             "# guards do not fix, and views and launches to the strides the first call",
             "# saw, which saved-tensor hooks may change (a backward's saved tensors come",
-            "# back from torch.autograd.graph.save_on_cpu contiguous): another alignment",
-            "# or other strides go the old way, which plans for them",
+            "# back from torch.autograd.graph.save_on_cpu contiguous): another alignment,",
+            "# other strides or another device go the old way, which plans for them",
             "if (",
             *[f"    {t}" + (" or" if i < len(tests) - 1 else "") for i, t in enumerate(tests)],
             "):",
