@@ -37,24 +37,37 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def not_inlined(
+    n: fx.Node, region: Any, plan: Any, outs: dict[int, fx.Node], b: StepBuilder
+) -> str:
+    """Why `region` (called at node n) with `plan`, its CompiledFusion, cannot be
+    inlined; "" when it can. `outs`: the getitem node of each region output."""
+    if region.check:
+        return "check mode (its outputs are compared with ATen's at every call)"
+    kernels = [plan.kernels.get(seg.index) for seg in plan.segments]
+    if not any(kernels):
+        return "no kernel (" + ("; ".join(plan.notes) or "every segment runs as ATen") + ")"
+    if any(k is None for k in kernels):
+        return "an ATen segment"
+    made = {vid for k in kernels if k is not None for is_out, vid, _, _ in k.arg_plan if is_out}
+    if any(kind == "fd" and plan._output_ids[j] not in made for kind, j in region.slots):
+        return "an output that no kernel makes (an input, or an ATen segment's result)"
+    if _region_device(n, outs, b) is None:
+        return "no device seen"
+    return ""
+
+
 def inline_region(
     n: fx.Node, region: Any, plan: Any, outs: dict[int, fx.Node], b: StepBuilder
-) -> list | None:
-    """The steps that run `region` (called at node n) with `plan`, its CompiledFusion, or
-    None when it cannot be inlined. `outs`: the getitem node of each region output."""
+) -> list[Step]:
+    """The steps that run `region` (called at node n) with `plan`, its CompiledFusion
+    (not_inlined says it can). `outs`: the getitem node of each region output."""
 
     kernels = [plan.kernels.get(seg.index) for seg in plan.segments]
-    if region.check or not kernels or any(k is None for k in kernels):
-        return None
     inputs = [b.local[p] for p in n.args]
-    made = {vid for k in kernels for is_out, vid, _, _ in k.arg_plan if is_out}
-    if any(kind == "fd" and plan._output_ids[j] not in made for kind, j in region.slots):
-        return None  # an fd output that is an input or an ATen segment's result
     # the region's own device: its inputs' (define_input puts all of a region's operands
     # on one device), not the graph's first input's, which may be a CPU scalar tensor
     device = _region_device(n, outs, b)
-    if device is None:
-        return None
     # a kernel output that is a region output as it is gets that output's name
     direct: dict[int, str] = {}
     taken: set[int] = set()
@@ -83,7 +96,14 @@ def inline_region(
                 if (seg.index, vid) in plan.copied:  # not a 2D view: the plan copies it
                     tmp = b.names.fresh("tmp")
                     steps.append(
-                        Step("call", (tmp,), (name,), f"{tmp} = {name}.contiguous()", (name,))
+                        Step(
+                            "call",
+                            (tmp,),
+                            (name,),
+                            f"{tmp} = {name}.contiguous()",
+                            (name,),
+                            op="contiguous",
+                        )
                     )
                     name = tmp
             args.append(name)
@@ -110,7 +130,8 @@ def inline_region(
             lines.append(f"{node.name} = {fn}({node.name if cloned else src}, {tuple(layout)})")
         # restride returns its input when the strides already fit: then it aliases it
         aliases = () if cloned else (src,)
-        steps.append(Step("call", (node.name,), (src,), "\n".join(lines), aliases))
+        op = "+".join(["clone"] * cloned + ["restride"] * (layout is not None))
+        steps.append(Step("call", (node.name,), (src,), "\n".join(lines), aliases, op=op))
     return steps
 
 

@@ -17,7 +17,7 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fuser.dynamo.program.observe import Observed
-from fuser.dynamo.program.regions import inline_region
+from fuser.dynamo.program.regions import inline_region, not_inlined
 from fuser.dynamo.program.step import Step
 
 aten = torch.ops.aten
@@ -92,6 +92,13 @@ def _op_name(target: Any) -> str:
     )
 
 
+def _what(n: fx.Node) -> str:
+    """The op a call step calls, as census.py counts it."""
+    if n.op == "call_module":
+        return "region"
+    return str(n.target) if isinstance(n.target, torch._ops.OpOverload) else _op_name(n.target)
+
+
 def _storages(val: Any) -> set:
     vals = val if isinstance(val, (list, tuple)) else [val]
     return {StorageWeakRef(v.untyped_storage()) for v in vals if isinstance(v, torch.Tensor)}
@@ -157,15 +164,18 @@ class StepBuilder:
         plan = self.seen.plans.get(n)
         users = _getitem_users(n) or []
         outs = {u.args[1]: u for u in users}
-        if plan is not None:
-            steps = inline_region(n, region, plan, outs, self)
-            if steps is not None:
-                self.steps += steps
-                self.inlined.append(region.record)
-                self.skip.update(users)
-                return
+        if plan is None:
+            why = "no plan (the region runs as ATen ops)"
+        else:
+            why = not_inlined(n, region, plan, outs, self)
+        if not why:
+            self.steps += inline_region(n, region, plan, outs, self)
+            self.inlined.append(region.record)
+            self.skip.update(users)
+            return
         fn = self.names.bind(region, n.target)
         self._call(n, fn, list(n.args), {}, kind="region", fresh=True, count=len(region.slots))
+        self.steps[-1].op = why
 
     def _call_function(self, n: fx.Node) -> None:
         if n.target in VIEWS and self._view(n, n.args[0], n):
@@ -230,7 +240,7 @@ class StepBuilder:
             else:
                 code = f"{n.name} = {fn}({text})"
             self.local[n] = n.name
-            self.steps.append(Step(kind, (n.name,), tuple(uses), code, aliases))
+            self.steps.append(Step(kind, (n.name,), tuple(uses), code, aliases, op=_what(n)))
             return
         # a tuple taken apart at once: an element nobody reads is dropped right away
         by_index = {u.args[1]: u for u in users}
@@ -241,4 +251,4 @@ class StepBuilder:
         lhs = ", ".join(targets) + ("," if len(targets) == 1 else "")
         code = f"{lhs} = {fn}({text})" + ("\ndel _" if "_" in targets else "")
         defined = tuple(t for t in targets if t != "_")
-        self.steps.append(Step(kind, defined, tuple(uses), code, aliases))
+        self.steps.append(Step(kind, defined, tuple(uses), code, aliases, op=_what(n)))
