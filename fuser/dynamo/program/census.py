@@ -35,6 +35,8 @@ def step_key(s: Step) -> str:
         return (
             f"aten: {s.op.removeprefix('aten.')}" if s.op.startswith("aten.") else f"call: {s.op}"
         )
+    if s.kind == "view" and s.op:
+        return f"view: {s.op}"  # a clone written as a name (copies.py)
     return s.kind
 
 
@@ -65,7 +67,7 @@ def totals(c: Counter) -> dict[str, int]:
         "aten calls": sum(v for k, v in c.items() if k.startswith("aten:")),
         "other calls": sum(v for k, v in c.items() if k.startswith("call:")),
         "region copies": sum(v for k, v in c.items() if k.startswith("region copy")),
-        "views": c["view"],
+        "views": sum(v for k, v in c.items() if k == "view" or k.startswith("view:")),
         "allocations": c["alloc"],
     }
 
@@ -84,7 +86,8 @@ def table(columns: dict[str, Counter], top: int = 0) -> str:
     every: Counter = Counter()
     for c in columns.values():
         every.update(c)
-    rows = [k for k, _ in every.most_common() if k not in ("programs", "launch", "view", "alloc")]
+    skip = ("programs", "launch", "view", "alloc")
+    rows = [k for k, _ in every.most_common() if k not in skip]
     for row in rows[: top or None]:
         label = row if len(row) <= 70 else row[:67] + "..."
         lines.append(f"{label:<72}" + "".join(f"{columns[n][row]:>{width}}" for n in names))

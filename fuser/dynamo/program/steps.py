@@ -16,7 +16,7 @@ import torch
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from fuser.dynamo.program.observe import Observed
+from fuser.dynamo.program.observe import Layout, Observed
 from fuser.dynamo.program.regions import inline_region, not_inlined
 from fuser.dynamo.program.step import Step
 
@@ -31,6 +31,9 @@ VIEWS = {
     aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor, aten.select.int,
     aten.alias.default, aten.diagonal.default,
 }  # fmt: skip
+# ops that return a view of their input or a copy, as its layout allows: the first
+# call's layouts decide, and every later call has them
+MAYBE_VIEWS = {aten.reshape.default}
 # views with a tuple of results, each taken by a getitem
 TUPLE_VIEWS = {aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int}
 
@@ -136,6 +139,8 @@ class StepBuilder:
         self.result_uses: list[str] = []
         self.inlined: list[Any] = []  # region records whose kernels the program launches
         self.skip: set[fx.Node] = set()  # getitems their producer already defined
+        # clones seen in their source's layout (copies.py drops those nobody can tell)
+        self.clones: dict[str, str] = {}
 
     def build(self) -> list[Step]:
         for n in self.gm.graph.nodes:
@@ -180,10 +185,25 @@ class StepBuilder:
     def _call_function(self, n: fx.Node) -> None:
         if n.target in VIEWS and self._view(n, n.args[0], n):
             return
+        maybe = n.target in MAYBE_VIEWS and self.seen.shares_storage(n, n.args[0])
+        if maybe and self._view(n, n.args[0], n):
+            return
         if n.target in TUPLE_VIEWS and self._tuple_view(n):
             return
         fn = self.names.bind(n.target, _op_name(n.target))
         self._call(n, fn, list(n.args), dict(n.kwargs))
+        if n.target is aten.clone.default and self._same_layout(n, n.args[0]):
+            self.clones[self.local[n]] = self.local[n.args[0]]
+
+    def _same_layout(self, n: fx.Node, base: Any) -> bool:
+        """Whether the first call saw n's tensor as base's: shape, strides, dtype, device
+        and pointer alignment (a kernel reading either is specialized to it)."""
+        lay, blay = self.seen.layouts.get(n), self.seen.layouts.get(base)
+        if lay is None or blay is None or base not in self.local:
+            return False
+        return lay == Layout(
+            blay.shape, blay.stride, lay.offset, blay.dtype, blay.device, blay.align
+        )
 
     def _view(self, n: fx.Node, base: Any, named: fx.Node) -> bool:
         """`named = reinterpret(base, ...)` with the layout the first call saw."""
