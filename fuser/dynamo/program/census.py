@@ -10,6 +10,7 @@ It is measured on a CPU, from what the programs contain: the same programs a GPU
 less the kernels' compiled launchers.
 
     python -m fuser.dynamo.program.census suite:t5-tiny suite:bert-tiny gpt2-tiny
+    python -m fuser.dynamo.program.census suite:t5 --device cuda   # a GPU's programs
 """
 
 from __future__ import annotations
@@ -94,15 +95,15 @@ def table(columns: dict[str, Counter], top: int = 0) -> str:
     return "\n".join(lines)
 
 
-def model_census(model: str, steps: int = 2) -> Counter:
+def model_census(model: str, steps: int = 2, device: str = "cpu") -> Counter:
     """The census of one training step of `model` (a name fuser.profile knows: gpt2-tiny,
-    suite:t5-tiny...) compiled by fuser on a CPU; `steps` steps are run (the programs are
-    built at the first)."""
+    suite:t5-tiny...) compiled by fuser on `device` (on a GPU under bf16 autocast, as
+    fuser.profile runs it); `steps` steps are run (the programs are built at the first)."""
     from fuser.dynamo import CAPTURES
     from fuser.profile.models import training_step
 
     before = len(CAPTURES)
-    step, _ = training_step(model, "fuser", 2, 8, "cpu")
+    step, _ = training_step(model, "fuser", 2, 8, device)
     for _ in range(steps):
         step()
     return census(programs_of(CAPTURES[before:]))
@@ -112,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fuser.dynamo.program.census", description=__doc__)
     ap.add_argument("models", nargs="*", default=["suite:t5-tiny", "suite:bert-tiny", "gpt2-tiny"])
     ap.add_argument("--top", type=int, default=0, help="rows printed (0: all)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU's own plans)")
     args = ap.parse_args(argv)
-    columns = {m.removeprefix("suite:"): model_census(m) for m in args.models}
+    columns = {m.removeprefix("suite:"): model_census(m, device=args.device) for m in args.models}
     print(table(columns, args.top))
     return 0
 

@@ -69,6 +69,7 @@ def inline_region(
     roots = {vid: frozenset({vid}) for vid in plan._input_ids}
     shared = set(plan._input_ids)  # storage the region does not own: inputs, constants
     consts: dict[int, float] = {}
+    dense = {vid for vid, p in zip(plan._input_ids, n.args) if _seen_contiguous(p, b)}
     for seg in plan.segments:
         kernel = plan.kernels.get(seg.index)
         if kernel is None:
@@ -84,7 +85,9 @@ def inline_region(
                 steps.append(Step("alloc", (name,), (), alloc=alloc))
             else:
                 name = value[vid]
-                if (seg.index, vid) in plan.copied:  # not a 2D view: the plan copies it
+                # not a 2D view: the plan copies it (a region input seen contiguous is
+                # contiguous at every call: .contiguous() would return it)
+                if (seg.index, vid) in plan.copied and vid not in dense:
                     tmp = b.names.fresh("tmp")
                     code = f"{tmp} = {name}.contiguous()"
                     steps.append(Step("call", (tmp,), (name,), code, (name,), op="contiguous"))
@@ -92,6 +95,11 @@ def inline_region(
             args.append(name)
         steps += _launch(kernel, args, b, device)
     return steps + _output_steps(region, plan, outs, inputs, direct, value, roots, shared, b)
+
+
+def _seen_contiguous(p: Any, b: StepBuilder) -> bool:
+    lay = b.seen.layouts.get(p)
+    return lay is not None and lay.stride == _contiguous(lay.shape)
 
 
 def _alloc_strides(plan: Any, vid: int, shape: tuple[int, ...]) -> tuple[int, ...]:
