@@ -12,6 +12,7 @@ from fuser.config import config
 from fuser.dynamo import FuserBackend
 from fuser.dynamo.program.census import census, programs_of, step_key, table
 from fuser.dynamo.program.copies import elide_clones
+from fuser.dynamo.program.fold import fold_views
 from fuser.dynamo.program.memory import plan_memory
 from fuser.dynamo.program.segments import fresh_result
 from fuser.dynamo.program.step import Step
@@ -184,3 +185,34 @@ def test_census_rows():
     assert step_key(_call("a", "x", op="clone+restride")) == "region copy: clone+restride"
     assert step_key(Step("view", ("v",), ("a",), op="alias")) == "view: alias"
     assert step_key(Step("launch", (), ("a",))) == "launch"
+
+
+def _v(name: str, base: str, shape: tuple, stride: tuple, offset: int) -> Step:
+    view = ("reinterpret", shape, stride, offset)
+    code = f"{name} = reinterpret({base}, {shape}, {stride}, {offset})"
+    return Step("view", (name,), (base,), code, aliases=(base,), view=view)
+
+
+def test_views_of_views_are_taken_from_the_base():
+    steps = [
+        _call("a", "x"),  # 0
+        _v("t", "a", (4, 3), (1, 4), 2),  # 1: read by u only: folded into it
+        _v("u", "t", (2, 2, 3), (2, 1, 4), 1),  # 2: read twice: kept, from a
+        _v("w", "u", (12,), (1,), 0),  # 3: read by nobody: dropped
+        _call("c", "u"),  # 4
+        Step("view", ("n",), ("u",), "n = u", aliases=("u",), op="alias"),  # 5: a clone
+        _v("r", "n", (3, 4), (4, 1), 5),  # 6: n read by r only: r from u
+    ]
+    out = fold_views(steps, ["c", "r"])
+    by_name = {s.defines[0]: s for s in out}
+    assert set(by_name) == {"a", "u", "c", "r"}
+    assert by_name["u"].uses == ("a",) and by_name["u"].code.endswith("(2, 1, 4), 3)")
+    assert by_name["r"].uses == ("u",) and by_name["r"].code.endswith("(4, 1), 5)")
+    # the same tensors as the chains: offsets add up
+    a = torch.arange(40.0)
+    t = a.as_strided((4, 3), (1, 4), 2)
+    u = t.as_strided((2, 2, 3), (2, 1, 4), t.storage_offset() + 1)
+    folded = a.as_strided((2, 2, 3), (2, 1, 4), 3)
+    assert torch.equal(u, folded) and u.storage_offset() == folded.storage_offset()
+    # returned or twice-read links stay
+    assert len(fold_views(steps, ["t", "c", "r", "w"])) == len(steps) - 1  # n folds into r

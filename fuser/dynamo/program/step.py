@@ -21,6 +21,8 @@ class Step:
     op: what a "call" calls (an ATen op's name, or "clone", "restride", "contiguous" for
     a copy an inlined region makes); for a "region", why it is not inlined. census.py
     counts the steps by it.
+    view: a view's (function, shape, strides, offset from its base's), which fold.py
+    composes.
     """
 
     kind: str
@@ -32,3 +34,4 @@ class Step:
     on_stream: bool = False  # the code reads `stream`, torch's current raw stream
     device: object = None  # a launch's device
     op: str = ""
+    view: tuple | None = None

@@ -95,6 +95,11 @@ def _op_name(target: Any) -> str:
     )
 
 
+def view_code(name: str, base: str, view: tuple) -> str:
+    fn, shape, stride, offset = view
+    return f"{name} = {fn}({base}, {shape}, {stride}, {offset})"
+
+
 def _what(n: fx.Node) -> str:
     """The op a call step calls, as census.py counts it."""
     if n.op == "call_module":
@@ -215,8 +220,9 @@ class StepBuilder:
         b = self.local[base]
         self.local[named] = named.name
         fn = self.names.bind(torch._C._dynamo.guards._reinterpret_tensor, "reinterpret")
-        code = f"{named.name} = {fn}({b}, {lay.shape}, {lay.stride}, {lay.offset - blay.offset})"
-        self.steps.append(Step("view", (named.name,), (b,), code, aliases=(b,)))
+        view = (fn, lay.shape, lay.stride, lay.offset - blay.offset)
+        code = view_code(named.name, b, view)
+        self.steps.append(Step("view", (named.name,), (b,), code, aliases=(b,), view=view))
         return True
 
     def _tuple_view(self, n: fx.Node) -> bool:
