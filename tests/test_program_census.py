@@ -216,3 +216,21 @@ def test_views_of_views_are_taken_from_the_base():
     assert torch.equal(u, folded) and u.storage_offset() == folded.storage_offset()
     # returned or twice-read links stay
     assert len(fold_views(steps, ["t", "c", "r", "w"])) == len(steps) - 1  # n folds into r
+
+
+def test_a_region_that_is_not_inlined_says_why():
+    """Check mode compares each region with ATen at every call: its module is called, and
+    the census says why."""
+
+    def f(x):
+        return torch.tanh(x).sum(-1)
+
+    backend = FuserBackend(strict=True, check=True)
+    g = torch.compile(f, backend=backend)
+    x = torch.randn(5, 9)
+    g(x)
+    torch.testing.assert_close(g(x), f(x), atol=1e-6, rtol=1e-5)
+    counts = census(programs_of(backend.captures))
+    assert [k for k in counts if k.startswith("region module")] == [
+        "region module: check mode (its outputs are compared with ATen's at every call)"
+    ]
