@@ -28,7 +28,9 @@ from typing import Any
 from torch import fx
 
 from fuser.config import config, debug_print
+from fuser.dynamo.program.copies import elide_clones
 from fuser.dynamo.program.emit import emit_program
+from fuser.dynamo.program.fold import fold_views
 from fuser.dynamo.program.memory import MemoryPlan, plan_memory, storage_roots
 from fuser.dynamo.program.observe import watch_first_call
 from fuser.dynamo.program.step import Step
@@ -85,7 +87,8 @@ class CallProgram:
     def _build(self, seen: Any) -> None:
         try:
             b = StepBuilder(self.gm, seen)
-            steps = b.build()
+            steps = elide_clones(b.build(), b.inputs, b.result_uses, b.clones)
+            steps = fold_views(steps, b.result_uses)
             memory = plan_memory(steps, b.inputs, b.result_uses, reuse=REUSE)
             emitted = emit_program(
                 self.name,

@@ -57,6 +57,15 @@ class Observed:
     # per call_module node: the region's CompiledFusion for this call, or None when the
     # region ran its ATen ops (it fell back)
     plans: dict[fx.Node, Any] = field(default_factory=dict)
+    # per tensor node, its storage's address: whether a reshape returned a view of its
+    # input (the same storage) or a copy, which its input's layout decides, so every
+    # later call does the same
+    storage: dict[fx.Node, int] = field(default_factory=dict)
+
+    def shares_storage(self, n: fx.Node, base: Any) -> bool:
+        """Whether n's tensor was seen in base's storage (neither of them empty)."""
+        a, b = self.storage.get(n), self.storage.get(base)
+        return a is not None and a == b
 
     def device(self) -> torch.device | None:
         """A CUDA device the call used if any (a graph may also hold CPU tensors: scalars,
@@ -75,6 +84,8 @@ class _Watching(fx.Interpreter):
         out = super().run_node(n)
         if isinstance(out, torch.Tensor):
             self.seen.layouts[n] = Layout.of(out)
+            if out.numel():  # an empty tensor's address says nothing
+                self.seen.storage[n] = out.untyped_storage().data_ptr()
         if n.op == "call_module":
             region = self.module.get_submodule(n.target)
             fused = getattr(region, "record", None) is not None and region.record.fused
@@ -105,5 +116,7 @@ def watch_first_call(gm: fx.GraphModule, args: list) -> tuple[Any, Observed]:
     for n, a in zip(placeholders, args):  # boxed_run does not run placeholder nodes
         if isinstance(a, torch.Tensor):
             seen.layouts[n] = Layout.of(a)
+            if a.numel():
+                seen.storage[n] = a.untyped_storage().data_ptr()
     result = _Watching(gm, seen).boxed_run(args)
     return result, seen

@@ -3,9 +3,11 @@
 The region module (dynamo/region.py) does at every call what its plan already knows: it
 looks the plan up by the inputs' signature, allocates the outputs, launches, and then
 packs the outputs (a clone where one would alias another, a copy to ATen's strides). Here
-that is decided once, from the plan the first call chose, and written as steps. A region
-whose plan runs some of its ops as ATen calls (a segment that is not a kernel), or whose
-outputs are not all made by its kernels, is not inlined: the program calls its module.
+that is decided once, from the plan the first call chose, and written as steps: each
+kernel's launch, each op of a segment left to ATen as its call (segments.py), a copy only
+where an output would share storage with an input or another output, or lacks the
+strides ATen gives. Only check mode's regions (compared with ATen at every call) are
+called as modules.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from fuser.dynamo.program.segments import fresh_result, segment_steps
 from fuser.dynamo.program.step import Step
 from fuser.runtime.checks import check_args
 from fuser.runtime.cuda_backend import direct_launcher
@@ -38,59 +41,116 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def not_inlined(
+    n: fx.Node, region: Any, plan: Any, outs: dict[int, fx.Node], b: StepBuilder
+) -> str:
+    """Why `region` (called at node n) with `plan`, its CompiledFusion, cannot be
+    inlined; "" when it can. `outs`: the getitem node of each region output."""
+    if region.check:
+        return "check mode (its outputs are compared with ATen's at every call)"
+    if _region_device(n, outs, b) is None:
+        return "no device seen"
+    return ""
+
+
 def inline_region(
     n: fx.Node, region: Any, plan: Any, outs: dict[int, fx.Node], b: StepBuilder
-) -> list | None:
-    """The steps that run `region` (called at node n) with `plan`, its CompiledFusion, or
-    None when it cannot be inlined. `outs`: the getitem node of each region output."""
-
-    kernels = [plan.kernels.get(seg.index) for seg in plan.segments]
-    if region.check or not kernels or any(k is None for k in kernels):
-        return None
+) -> list[Step]:
+    """The steps that run `region` (called at node n) with `plan`, its CompiledFusion
+    (not_inlined says it can): its kernels' launches, its ATen segments' calls
+    (segments.py), its outputs' copies. `outs`: the getitem node of each region output."""
     inputs = [b.local[p] for p in n.args]
-    made = {vid for k in kernels for is_out, vid, _, _ in k.arg_plan if is_out}
-    if any(kind == "fd" and plan._output_ids[j] not in made for kind, j in region.slots):
-        return None  # an fd output that is an input or an ATen segment's result
     # the region's own device: its inputs' (define_input puts all of a region's operands
     # on one device), not the graph's first input's, which may be a CPU scalar tensor
     device = _region_device(n, outs, b)
-    if device is None:
-        return None
-    # a kernel output that is a region output as it is gets that output's name
-    direct: dict[int, str] = {}
-    taken: set[int] = set()
-    for k_out, ((kind, j), layout) in enumerate(zip(region.slots, region.layouts)):
-        vid = plan._output_ids[j] if kind == "fd" else None
-        # one buffer, one name: two fd outputs may be one value (a fusion computes two
-        # identical layer norms once), and the first output named gets it
-        if kind == "fd" and j not in taken and layout is None and k_out in outs:
-            direct.setdefault(vid, outs[k_out].name)
-        if kind == "fd":
-            taken.add(j)
-
+    direct = _direct_outputs(region, plan, outs)
     steps: list[Step] = []
     value: dict[int, str] = dict(zip(plan._input_ids, inputs))
-    for seg, kernel in zip(plan.segments, kernels):
+    # per IR value, the values whose storage it may share (an ATen result may be its input)
+    roots = {vid: frozenset({vid}) for vid in plan._input_ids}
+    shared = set(plan._input_ids)  # storage the region does not own: inputs, constants
+    consts: dict[int, float] = {}
+    dense = {vid for vid, p in zip(plan._input_ids, n.args) if _seen_contiguous(p, b)}
+    for seg in plan.segments:
+        kernel = plan.kernels.get(seg.index)
+        if kernel is None:
+            steps += segment_steps(seg.nodes, value, roots, shared, consts, direct, plan, b, device)
+            continue
         args = []
         for is_out, vid, shape, dtype in kernel.arg_plan:
             if is_out:
                 name = value[vid] = direct.get(vid) or b.names.fresh("buf")
+                roots[vid] = frozenset({vid})
                 shape = tuple(int(s) for s in shape)
-                stride = plan.alloc_strides.get(vid) or _contiguous(shape)
-                alloc = (shape, stride, dtype, device)
+                alloc = (shape, _alloc_strides(plan, vid, shape), dtype, device)
                 steps.append(Step("alloc", (name,), (), alloc=alloc))
             else:
                 name = value[vid]
-                if (seg.index, vid) in plan.copied:  # not a 2D view: the plan copies it
+                # not a 2D view: the plan copies it (a region input seen contiguous is
+                # contiguous at every call: .contiguous() would return it)
+                if (seg.index, vid) in plan.copied and vid not in dense:
                     tmp = b.names.fresh("tmp")
-                    steps.append(
-                        Step("call", (tmp,), (name,), f"{tmp} = {name}.contiguous()", (name,))
-                    )
+                    code = f"{tmp} = {name}.contiguous()"
+                    steps.append(Step("call", (tmp,), (name,), code, (name,), op="contiguous"))
                     name = tmp
             args.append(name)
         steps += _launch(kernel, args, b, device)
+    return steps + _output_steps(region, plan, outs, inputs, direct, value, roots, shared, b)
 
-    claimed = set(direct)  # values whose buffer already is an output, under its name
+
+def _seen_contiguous(p: Any, b: StepBuilder) -> bool:
+    lay = b.seen.layouts.get(p)
+    return lay is not None and lay.stride == _contiguous(lay.shape)
+
+
+def _alloc_strides(plan: Any, vid: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return plan.alloc_strides.get(vid) or _contiguous(shape)
+
+
+def _direct_outputs(region: Any, plan: Any, outs: dict[int, fx.Node]) -> dict[int, str]:
+    """Kernel outputs (and ATen segments' results) that are region outputs as they are
+    (ATen's strides, or none asked): the buffer gets the output's name. One buffer, one
+    name: two fd outputs may be one value (a fusion computes two identical layer norms
+    once); the first one named gets it."""
+    made: dict[int, tuple[int, ...] | None] = {}  # value -> its buffer's strides
+    for seg in plan.segments:
+        kernel = plan.kernels.get(seg.index)
+        if kernel is None:  # an ATen result of its own storage, of strides ATen chooses
+            made.update((n.out.id, None) for n in seg.nodes if fresh_result(n))
+            continue
+        for is_out, vid, shape, _ in kernel.arg_plan:
+            if is_out:
+                made[vid] = _alloc_strides(plan, vid, tuple(int(s) for s in shape))
+    direct: dict[int, str] = {}
+    taken: set[int] = set()
+    for k_out, ((kind, j), layout) in enumerate(zip(region.slots, region.layouts)):
+        if kind != "fd":
+            continue
+        vid = plan._output_ids[j]
+        fits = layout is None or (made.get(vid) is not None and tuple(layout) == made[vid])
+        if j not in taken and vid in made and fits and k_out in outs:
+            direct.setdefault(vid, outs[k_out].name)
+        taken.add(j)
+    return direct
+
+
+def _output_steps(
+    region: Any,
+    plan: Any,
+    outs: dict[int, fx.Node],
+    inputs: list[str],
+    direct: dict[int, str],
+    value: dict[int, str],
+    roots: dict[int, frozenset[int]],
+    shared: set[int],
+    b: StepBuilder,
+) -> list[Step]:
+    """The region outputs that are not a kernel's buffer under their own name: a clone
+    where one would share storage with an input, a constant or an earlier output (the
+    graph is functional), a restride where ATen's strides are asked and not known to be
+    the buffer's, else the value itself under the output's name."""
+    steps = []
+    claimed = set(direct)  # storage that already is an output, under its name
     for k_out, ((kind, j), layout) in enumerate(zip(region.slots, region.layouts)):
         node = outs.get(k_out)
         if node is None:
@@ -98,20 +158,22 @@ def inline_region(
         b.local[node] = node.name
         if kind == "fd":
             vid = plan._output_ids[j]
-            if layout is None and direct.get(vid) == node.name:
+            if direct.get(vid) == node.name:
                 continue  # the kernel's buffer, named after the output
-            src, cloned = value[vid], vid in claimed
-            claimed.add(vid)
+            src, cloned = value[vid], bool(roots[vid] & (shared | claimed))
+            claimed |= roots[vid]
         else:
             src, cloned = inputs[j], True
-        # an output never aliases an input or another output: the graph is functional
         lines = [f"{node.name} = {src}.clone()"] if cloned else []
         if layout is not None:
             fn = b.names.bind(restride, "restride")
             lines.append(f"{node.name} = {fn}({node.name if cloned else src}, {tuple(layout)})")
+        if not lines:
+            lines = [f"{node.name} = {src}"]
         # restride returns its input when the strides already fit: then it aliases it
         aliases = () if cloned else (src,)
-        steps.append(Step("call", (node.name,), (src,), "\n".join(lines), aliases))
+        op = "+".join(["clone"] * cloned + ["restride"] * (layout is not None)) or "alias"
+        steps.append(Step("call", (node.name,), (src,), "\n".join(lines), aliases, op=op))
     return steps
 
 

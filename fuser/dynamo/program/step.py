@@ -18,6 +18,11 @@ class Step:
     aliases: names whose storage the defined names may share; empty: fresh storage.
     on_stream: a direct launch, whose code reads `stream` (set once per call).
     device: where a launch runs (the device its region's tensors are on).
+    op: what a "call" calls (an ATen op's name, or "clone", "restride", "contiguous" for
+    a copy an inlined region makes); for a "region", why it is not inlined. census.py
+    counts the steps by it.
+    view: a view's (function, shape, strides, offset from its base's), which fold.py
+    composes.
     """
 
     kind: str
@@ -28,3 +33,5 @@ class Step:
     alloc: tuple | None = None
     on_stream: bool = False  # the code reads `stream`, torch's current raw stream
     device: object = None  # a launch's device
+    op: str = ""
+    view: tuple | None = None

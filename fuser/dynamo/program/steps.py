@@ -16,8 +16,8 @@ import torch
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from fuser.dynamo.program.observe import Observed
-from fuser.dynamo.program.regions import inline_region
+from fuser.dynamo.program.observe import Layout, Observed
+from fuser.dynamo.program.regions import inline_region, not_inlined
 from fuser.dynamo.program.step import Step
 
 aten = torch.ops.aten
@@ -31,6 +31,9 @@ VIEWS = {
     aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor, aten.select.int,
     aten.alias.default, aten.diagonal.default,
 }  # fmt: skip
+# ops that return a view of their input or a copy, as its layout allows: the first
+# call's layouts decide, and every later call has them
+MAYBE_VIEWS = {aten.reshape.default}
 # views with a tuple of results, each taken by a getitem
 TUPLE_VIEWS = {aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int}
 
@@ -92,6 +95,18 @@ def _op_name(target: Any) -> str:
     )
 
 
+def view_code(name: str, base: str, view: tuple) -> str:
+    fn, shape, stride, offset = view
+    return f"{name} = {fn}({base}, {shape}, {stride}, {offset})"
+
+
+def _what(n: fx.Node) -> str:
+    """The op a call step calls, as census.py counts it."""
+    if n.op == "call_module":
+        return "region"
+    return str(n.target) if isinstance(n.target, torch._ops.OpOverload) else _op_name(n.target)
+
+
 def _storages(val: Any) -> set:
     vals = val if isinstance(val, (list, tuple)) else [val]
     return {StorageWeakRef(v.untyped_storage()) for v in vals if isinstance(v, torch.Tensor)}
@@ -129,6 +144,8 @@ class StepBuilder:
         self.result_uses: list[str] = []
         self.inlined: list[Any] = []  # region records whose kernels the program launches
         self.skip: set[fx.Node] = set()  # getitems their producer already defined
+        # clones seen in their source's layout (copies.py drops those nobody can tell)
+        self.clones: dict[str, str] = {}
 
     def build(self) -> list[Step]:
         for n in self.gm.graph.nodes:
@@ -157,23 +174,41 @@ class StepBuilder:
         plan = self.seen.plans.get(n)
         users = _getitem_users(n) or []
         outs = {u.args[1]: u for u in users}
-        if plan is not None:
-            steps = inline_region(n, region, plan, outs, self)
-            if steps is not None:
-                self.steps += steps
-                self.inlined.append(region.record)
-                self.skip.update(users)
-                return
+        if plan is None:
+            why = "no plan (the region runs as ATen ops)"
+        else:
+            why = not_inlined(n, region, plan, outs, self)
+        if not why:
+            self.steps += inline_region(n, region, plan, outs, self)
+            self.inlined.append(region.record)
+            self.skip.update(users)
+            return
         fn = self.names.bind(region, n.target)
         self._call(n, fn, list(n.args), {}, kind="region", fresh=True, count=len(region.slots))
+        self.steps[-1].op = why
 
     def _call_function(self, n: fx.Node) -> None:
         if n.target in VIEWS and self._view(n, n.args[0], n):
+            return
+        maybe = n.target in MAYBE_VIEWS and self.seen.shares_storage(n, n.args[0])
+        if maybe and self._view(n, n.args[0], n):
             return
         if n.target in TUPLE_VIEWS and self._tuple_view(n):
             return
         fn = self.names.bind(n.target, _op_name(n.target))
         self._call(n, fn, list(n.args), dict(n.kwargs))
+        if n.target is aten.clone.default and self._same_layout(n, n.args[0]):
+            self.clones[self.local[n]] = self.local[n.args[0]]
+
+    def _same_layout(self, n: fx.Node, base: Any) -> bool:
+        """Whether the first call saw n's tensor as base's: shape, strides, dtype, device
+        and pointer alignment (a kernel reading either is specialized to it)."""
+        lay, blay = self.seen.layouts.get(n), self.seen.layouts.get(base)
+        if lay is None or blay is None or base not in self.local:
+            return False
+        return lay == Layout(
+            blay.shape, blay.stride, lay.offset, blay.dtype, blay.device, blay.align
+        )
 
     def _view(self, n: fx.Node, base: Any, named: fx.Node) -> bool:
         """`named = reinterpret(base, ...)` with the layout the first call saw."""
@@ -185,8 +220,9 @@ class StepBuilder:
         b = self.local[base]
         self.local[named] = named.name
         fn = self.names.bind(torch._C._dynamo.guards._reinterpret_tensor, "reinterpret")
-        code = f"{named.name} = {fn}({b}, {lay.shape}, {lay.stride}, {lay.offset - blay.offset})"
-        self.steps.append(Step("view", (named.name,), (b,), code, aliases=(b,)))
+        view = (fn, lay.shape, lay.stride, lay.offset - blay.offset)
+        code = view_code(named.name, b, view)
+        self.steps.append(Step("view", (named.name,), (b,), code, aliases=(b,), view=view))
         return True
 
     def _tuple_view(self, n: fx.Node) -> bool:
@@ -230,7 +266,7 @@ class StepBuilder:
             else:
                 code = f"{n.name} = {fn}({text})"
             self.local[n] = n.name
-            self.steps.append(Step(kind, (n.name,), tuple(uses), code, aliases))
+            self.steps.append(Step(kind, (n.name,), tuple(uses), code, aliases, op=_what(n)))
             return
         # a tuple taken apart at once: an element nobody reads is dropped right away
         by_index = {u.args[1]: u for u in users}
@@ -241,4 +277,4 @@ class StepBuilder:
         lhs = ", ".join(targets) + ("," if len(targets) == 1 else "")
         code = f"{lhs} = {fn}({text})" + ("\ndel _" if "_" in targets else "")
         defined = tuple(t for t in targets if t != "_")
-        self.steps.append(Step(kind, defined, tuple(uses), code, aliases))
+        self.steps.append(Step(kind, defined, tuple(uses), code, aliases, op=_what(n)))
