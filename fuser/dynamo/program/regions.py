@@ -165,6 +165,8 @@ def _output_steps(
         else:
             src, cloned = inputs[j], True
         lines = [f"{node.name} = {src}.clone()"] if cloned else []
+        if cloned and layout is None:
+            _note_clone(node, src, b)
         if layout is not None:
             fn = b.names.bind(restride, "restride")
             lines.append(f"{node.name} = {fn}({node.name if cloned else src}, {tuple(layout)})")
@@ -175,6 +177,15 @@ def _output_steps(
         op = "+".join(["clone"] * cloned + ["restride"] * (layout is not None)) or "alias"
         steps.append(Step("call", (node.name,), (src,), "\n".join(lines), aliases, op=op))
     return steps
+
+
+def _note_clone(node: fx.Node, src: str, b: StepBuilder) -> None:
+    """Offer the clone of graph value `src` that region output `node` is to copies.py,
+    which writes it as a name where nobody can tell the two apart (a region's output that
+    is its input: a backward whose zero tangent folded an add away, say)."""
+    source = next((p for p, name in b.local.items() if name == src and p is not node), None)
+    if source is not None and b._same_layout(node, source):
+        b.clones[node.name] = src
 
 
 def _region_device(n: fx.Node, outs: dict[int, fx.Node], b: StepBuilder) -> Any:
