@@ -331,3 +331,57 @@ def test_a_fold_that_fails_fills_zeros_with_a_warning(monkeypatch: pytest.Monkey
     torch._dynamo.reset()
     with pytest.raises(Exception, match="no rule"):
         torch.compile(_TwoHeads(), backend=FuserBackend(strict=True))(x)[1].backward()
+
+
+def test_outputs_made_are_told_apart_from_inputs_not_by_their_node() -> None:
+    """Under CUDA graphs (torch's cudagraph trees) a replayed forward returns the same
+    tensor objects at every step, still holding the previous step's autograd node when
+    the forward returns them. Taking "made by this call" as "no node yet" missed them from
+    the first replay on, so autograd filled the absent gradients with zeros again and the
+    backward without absent tangents was lowered beside the variant (found on a GPU:
+    tests/test_cudagraphs_gpu.py). Made outputs are now those that are not inputs."""
+    from fuser.dynamo.tangents import AbsentGrads
+
+    absent = AbsentGrads()
+    w = torch.randn(4, requires_grad=True)
+    cached = w * 2  # a tensor that already has an autograd node, as a replayed output
+    passed = torch.randn(4, requires_grad=True) * 3  # an input handed back as it is
+
+    def fw(args: list) -> tuple:
+        x, p = args
+        args.clear()  # as a call program does
+        return cached, p, x + 1
+
+    forward = absent.watch(fw, 3)
+    x = torch.randn(4)
+    outs = forward([x, passed])
+    made = absent._local.made
+    assert any(o is cached for o in made) and any(o is outs[2] for o in made)
+    assert not any(o is passed for o in made)
+
+    # end to end, as under replay: every output the Function returns is an object the
+    # forward handed back before, holding the previous call's node when it does
+    kept = [torch.randn(4) * 1, torch.randn(4) * 1]
+
+    def replayed(args: list) -> tuple:
+        args.clear()
+        return tuple(kept)
+
+    forward = absent.watch(replayed, 2)
+
+    class Replay(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return forward([a])
+
+        @staticmethod
+        def backward(ctx, g_first, g_second):
+            assert g_first is None  # not filled with zeros: the node was told
+            return g_second * 2
+
+    wrapped = absent.wrap(lambda a: Replay.apply(a))
+    a = torch.randn(4, requires_grad=True)
+    for _ in range(3):
+        first, second = wrapped(a)
+        second.sum().backward()
+    assert absent.marked == 3

@@ -171,11 +171,14 @@ class AbsentGrads:
         local = self._local
 
         def forward(args: list) -> Any:
+            given = {id(a) for a in args}  # the program clears args
             outs = fw(args)
-            # made by this call: no autograd node yet (the Function runs it without
-            # grad); a tensor passed through from another graph would have its own
+            # made by this call: not one of its inputs (a tensor passed through from
+            # another graph has that graph's node). Not "no autograd node yet": CUDA
+            # graph trees return the same tensor objects at every replay, which still
+            # hold the previous step's node until the Function resets them
             local.made = [
-                o for o in outs[:returns] if isinstance(o, torch.Tensor) and o.grad_fn is None
+                o for o in outs[:returns] if isinstance(o, torch.Tensor) and id(o) not in given
             ]
             return outs
 
@@ -194,7 +197,8 @@ class AbsentGrads:
             if made and not _compiled_autograd():
                 for o in made:
                     node = o.grad_fn  # the ctx of AOTAutograd's CompiledFunction
-                    if node is not None:
+                    # (an output that aliases an input is a view made outside it)
+                    if node is not None and hasattr(node, "set_materialize_grads"):
                         node.set_materialize_grads(False)
                         self.marked += 1
                         break
