@@ -33,6 +33,7 @@ from fuser.dynamo.program.emit import emit_program
 from fuser.dynamo.program.fold import fold_views
 from fuser.dynamo.program.memory import MemoryPlan, plan_memory, storage_roots
 from fuser.dynamo.program.observe import watch_first_call
+from fuser.dynamo.program.pointers import pointer_views
 from fuser.dynamo.program.step import Step
 from fuser.dynamo.program.steps import StepBuilder
 from fuser.runtime import timing
@@ -89,6 +90,7 @@ class CallProgram:
             b = StepBuilder(self.gm, seen)
             steps = elide_clones(b.build(), b.inputs, b.result_uses, b.clones)
             steps = fold_views(steps, b.result_uses)
+            steps = pointer_views(steps, b.result_uses, b.itemsize)
             memory = plan_memory(steps, b.inputs, b.result_uses, reuse=REUSE)
             emitted = emit_program(
                 self.name,

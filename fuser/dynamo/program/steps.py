@@ -146,6 +146,8 @@ class StepBuilder:
         self.skip: set[fx.Node] = set()  # getitems their producer already defined
         # clones seen in their source's layout (copies.py drops those nobody can tell)
         self.clones: dict[str, str] = {}
+        # bytes per element of each view's tensor (pointers.py offsets a base's pointer)
+        self.itemsize: dict[str, int] = {}
 
     def build(self) -> list[Step]:
         for n in self.gm.graph.nodes:
@@ -221,6 +223,7 @@ class StepBuilder:
         self.local[named] = named.name
         fn = self.names.bind(torch._C._dynamo.guards._reinterpret_tensor, "reinterpret")
         view = (fn, lay.shape, lay.stride, lay.offset - blay.offset)
+        self.itemsize[named.name] = lay.dtype.itemsize
         code = view_code(named.name, b, view)
         self.steps.append(Step("view", (named.name,), (b,), code, aliases=(b,), view=view))
         return True
