@@ -12,12 +12,15 @@ runs any call made while config.backend is not the one the program was built und
 What each call still checks, and why: a bad index reported by a kernel (one poll), the
 alignment of the inputs whose data reaches a kernel (kernels are specialized to it and
 Dynamo's guards do not fix it), whether a profiler hooked Triton's launches, and in a
-backward graph the strides of its inputs: AOTAutograd gives the backward its tangents in
-the traced layout, but its saved tensors come back through any saved-tensor hooks
-(torch.autograd.graph.save_on_cpu returns them contiguous, a gradient saved with padded
-rows among them). Shapes, dtypes and devices are not checked: Dynamo's guards fix them
-for the forward graph's inputs (dynamic=False; graphs with symbolic sizes never get a
-program); every other value is made by the program from those.
+backward graph the shapes, dtypes and strides of its inputs: AOTAutograd gives the
+backward its tangents in the traced layout, but its saved tensors come back through any
+saved-tensor hooks, which may return them in other strides (torch.autograd.graph.
+save_on_cpu returns them contiguous, a gradient saved with padded rows among them), or
+even in another shape or dtype (eager then raises or promotes; the kernels would read
+them as the first call's). In a forward graph none of these is checked: Dynamo's guards
+fix the shapes, dtypes, strides and devices of its inputs (dynamic=False; a graph with
+symbolic sizes gets a program per concrete signature, lower.py); every other value is
+made by the program from those.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ class CallProgram:
                 seen.device(),
                 self._decline,
                 _input_strides(b, seen) if self.check_strides else None,
+                _input_metas(b, seen) if self.check_strides else None,
             )
         except Exception as e:
             if self.strict:
@@ -147,4 +151,14 @@ def _input_strides(b: StepBuilder, seen: Any) -> dict[str, tuple[int | None, ...
         n: tuple(None if size == 1 else st for size, st in zip(lay.shape, lay.stride))
         for n, lay in ((n, layout.get(n)) for n in b.inputs)
         if lay is not None and any(size != 1 for size in lay.shape)
+    }
+
+
+def _input_metas(b: StepBuilder, seen: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The shape and dtype the first call saw of each tensor input of the graph."""
+    layout = {n.name: seen.layouts.get(n) for n in b.gm.graph.nodes if n.op == "placeholder"}
+    return {
+        n: (lay.shape, lay.dtype)
+        for n, lay in ((n, layout.get(n)) for n in b.inputs)
+        if lay is not None
     }

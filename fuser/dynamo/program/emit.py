@@ -66,12 +66,14 @@ def emit_program(
     device: torch.device | None,
     fallback: Callable[[list], Any],
     strides: dict[str, tuple[int | None, ...]] | None = None,
+    metas: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
 ) -> Emitted:
     """The function `func(args)` running `steps` (boxed: it clears `args`). `checked`:
     inputs whose pointer alignment (ptr & 15) the kernels were specialized to; a call
     with another alignment runs `fallback`, the old path, which plans for it. `strides`:
     inputs whose strides no guard fixes, with those the steps were made for (None: any,
-    a dim of size 1); a call with others runs `fallback` too."""
+    a dim of size 1); `metas`: inputs whose shape and dtype no guard fixes, with those
+    the steps were made for. A call with others runs `fallback` too."""
     g = names.globals
     fast = any(s.on_stream for s in steps)
     launched = {s.device for s in steps if s.kind == "launch" and s.device is not None}
@@ -87,9 +89,11 @@ def emit_program(
     body = [f"{names.bind(poll, 'poll')}()  # a bad index a kernel reported since the last call"]
     if inputs:
         body.append(f"{', '.join(inputs)}, = args")
-    if checked or strides:
+    if checked or strides or metas:
         fb = names.bind(fallback, "old_path")
-        tests = [f"{n}.data_ptr() & 15" + (f" != {a}" if a else "") for n, a in checked.items()]
+        # shapes first: a stride test of a tensor of fewer dims would raise
+        tests = [_meta_test(n, shape, dt, names) for n, (shape, dt) in (metas or {}).items()]
+        tests += [f"{n}.data_ptr() & 15" + (f" != {a}" if a else "") for n, a in checked.items()]
         tests += [_stride_test(n, st) for n, st in (strides or {}).items()]
         if strides is not None and fast and device is not None and device.type == "cuda":
             # a backward's inputs have no Dynamo guard, and the launches pass pointers: a
@@ -99,8 +103,9 @@ def emit_program(
             "# the kernels are specialized to their pointers' alignment, which Dynamo's",
             "# guards do not fix, and views and launches to the strides the first call",
             "# saw, which saved-tensor hooks may change (a backward's saved tensors come",
-            "# back from torch.autograd.graph.save_on_cpu contiguous): another alignment,",
-            "# other strides or another device go the old way, which plans for them",
+            "# back from torch.autograd.graph.save_on_cpu contiguous; a hook may even",
+            "# change their shape or dtype): another alignment, shape, dtype, other",
+            "# strides or another device go the old way, which plans for them",
             "if (",
             *[f"    {t}" + (" or" if i < len(tests) - 1 else "") for i, t in enumerate(tests)],
             "):",
@@ -144,6 +149,12 @@ def emit_program(
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), g)
     return Emitted(source, g[func])
+
+
+def _meta_test(name: str, shape: tuple[int, ...], dtype: torch.dtype, names: Names) -> str:
+    """`name`'s shape or dtype differs from `shape`, `dtype`."""
+    dt = names.bind(dtype, str(dtype).removeprefix("torch."))
+    return f"{name}.shape != {tuple(shape)} or {name}.dtype is not {dt}"
 
 
 def _stride_test(name: str, stride: tuple[int | None, ...]) -> str:
