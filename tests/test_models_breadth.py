@@ -2,7 +2,7 @@
 found, each reduced to the few ops that show it, against eager.
 
 The families (tiny, random weights; a training step, an eval forward, greedy generate)
-are listed in fuser/suite/models.py's BREADTH; the findings:
+are benchmarks/family_configs.py's, run by benchmarks/families.py; the findings:
 
 - Mamba's selective scan (state 8) reduced rows of 8 columns: no persistent layout put
   32 threads on them within 4 rows a block, so each row got the looped kernel's warp (a
