@@ -141,8 +141,11 @@ def _persistent_schedule(
 
 
 def _persistent_candidates(
-    spec: KernelSpec, dev: Device, v: int, backend: Backend
+    spec: KernelSpec, dev: Device, v: int, backend: Backend, fill_warp: bool = False
 ) -> list[Candidate]:
+    """The persistent layouts of a row with at least a warp a block. fill_warp: also those
+    whose row is so narrow that MAX_ROWS_PER_BLOCK rows fill no warp; they take the rows
+    that fill one (where there are that many)."""
     cols, rows = spec.cols, spec.rows
     out = []
     tpr = 1
@@ -156,14 +159,11 @@ def _persistent_candidates(
             batch, tail = 1, 0
         covered = batch * chunk + tail
         per_thread = batch * v + max(tail // tpr, 1 if tail else 0)
+        max_rpb = min(pow2_ceil(rows), max(MAX_ROWS_PER_BLOCK, 32 // tpr if fill_warp else 0))
         rpb = 1
         while tpr * rpb <= backend.limits.max_threads:
             threads = tpr * rpb
-            if (
-                threads >= 32
-                and rpb <= min(pow2_ceil(rows), MAX_ROWS_PER_BLOCK)
-                and batch <= MAX_BATCH
-            ):
+            if threads >= 32 and rpb <= max_rpb and batch <= MAX_BATCH:
                 c = Candidate(tpr, rpb, batch, tail, covered, per_thread, 0, 0)
                 regs = min(registers(spec, _persistent_schedule(spec, v, c), backend), 255)
                 buf = buffer_registers(spec, per_thread)
@@ -231,16 +231,27 @@ def _inner_schedule(
     return _with(s, _estimate(spec, dev, s, regs, c.buffer_registers, c.covered), reasons)
 
 
-def _inner_candidates(spec: KernelSpec, dev: Device, v: int, backend: Backend) -> list[Candidate]:
+def _inner_candidates(
+    spec: KernelSpec, dev: Device, vectors: list[int], backend: Backend
+) -> list[tuple[int, Candidate]]:
+    """(vector, candidate) for each persistent layout of the row at these vectors."""
+
     # a candidate must fit on an SM at all (1024 threads x 95 registers does not: a
     # 16-byte vector lets 8 chunks cover 50257 columns, too many registers for one block)
-    return [
-        c
-        for c in _persistent_candidates(spec, dev, v, backend)
-        if c.buffer_registers <= MAX_BUFFER_REGISTERS
-        and c.registers < 255
-        and dev.blocks_per_sm(c.threads, c.registers)
-    ]
+    def fitting(fill_warp: bool) -> list[tuple[int, Candidate]]:
+        return [
+            (v, c)
+            for v in vectors
+            for c in _persistent_candidates(spec, dev, v, backend, fill_warp)
+            if c.buffer_registers <= MAX_BUFFER_REGISTERS
+            and c.registers < 255
+            and dev.blocks_per_sm(c.threads, c.registers)
+        ]
+
+    # rows of a few columns (a softmax over 8 experts, a sum over a state of 8) fill no
+    # warp with 4 rows a block: a warp of them, rather than the looped kernel's warp a row
+    # (4096 x 8: 4096 blocks of one warp, each of 8 useful lanes)
+    return fitting(False) or fitting(True)
 
 
 def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "triton") -> Schedule:
@@ -254,10 +265,9 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
     )
     # the widest vector, and half of it where that makes the split exact
     scored = []
-    for vv in sorted({v, max(v // 2, 1)}, reverse=True):
-        for c in _inner_candidates(spec, dev, vv, backend):
-            sc, why = _score(spec, dev, c, itemsize, backend)
-            scored.append((sc * (1.0 if vv == v else 0.99), why, vv, c))
+    for vv, c in _inner_candidates(spec, dev, sorted({v, max(v // 2, 1)}, reverse=True), backend):
+        sc, why = _score(spec, dev, c, itemsize, backend)
+        scored.append((sc * (1.0 if vv == v else 0.99), why, vv, c))
     if not scored:
         wide = aligned_walk_vector(spec, v) if backend.limits.aligned_walk else v
         if wide > v:
@@ -454,7 +464,7 @@ def candidate_schedules(
     elif spec.layout.inner:
         v_best = vector_width(spec, [])
         for v in sorted({v_best, max(v_best // 2, 1)}):
-            for c in _inner_candidates(spec, dev, v, backend):
+            for _, c in _inner_candidates(spec, dev, [v], backend):
                 out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"], backend))
                 if c.rows_per_block == 1 and spec.rows > 2 * dev.sms and backend.limits.prefetch:
                     out.append(_inner_schedule(spec, dev, v, c, ["sweep candidate"], backend, True))
