@@ -11,7 +11,7 @@ compiled for each backend, then each way of launching it is timed on the host:
   arguments (the ones that are not constexprs, then the two null scratch pointers every
   Triton 3.x CUDA kernel takes; an earlier try without those faulted); for CUDA C++,
   fuser's NVRTC kernel of the same fusion. Each backend's floor.
-- `program-triton-c`, `program-static`, `program-triton`: the line the call program
+- `program-triton-c`, `program-static`, `program-python`: the line the call program
   emits for a Triton kernel with each launcher of fuser/runtime/launchers.py (the
   tensors passed as their pointers, as the program does; `*-tensors`: the tensors
   themselves, which the launcher turns into checked pointers).

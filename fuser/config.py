@@ -48,8 +48,8 @@ FUSER_LOOPED_STAGES  the pipeline depth of Triton's inner looped row walks (tl.r
               planner's WALK_STAGES; 1: unpipelined
 FUSER_LAUNCHER  how call programs launch Triton kernels (fuser/runtime/launchers.py): "static"
               (torch's C++ launcher, Inductor's), "triton-c" (Triton's compiled launcher without
-              its Python frame) or "triton" (Triton's launcher as its JIT calls it); default:
-              the first of those this process and kernel allow
+              its Python frame) or "python" (Triton's Python launcher, as its JIT calls it);
+              default: the first of those this process and kernel allow
 FUSER_FP_WARNINGS  1 lets Triton's CPU interpreter report numpy's floating-point warnings
               (overflow, invalid value, divide by zero) from generated kernels: the test
               suite's check that a kernel computes no inf or NaN that eager does not (default

@@ -247,7 +247,7 @@ def test_program_frees_every_local_it_does_not_return():
     assert NEVER > len(p.steps)
 
 
-@pytest.mark.parametrize("way", ["static", "triton-c", "triton"])
+@pytest.mark.parametrize("way", ["static", "triton-c", "python"])
 def test_a_compiled_triton_kernel_is_launched_as_its_launcher_takes_it(way):
     """On a GPU the program calls a launcher directly (runtime/launchers.py); no GPU
     here, so a stand-in launcher records what the emitted line passes: the argument
@@ -292,7 +292,7 @@ def test_a_compiled_triton_kernel_is_launched_as_its_launcher_takes_it(way):
     want = {
         "static": ("FN", 5, 1, 1, 4, 64, "OOiOO", (10, 30, 11, None, None), 99),
         "triton-c": (5, 1, 1, 99, "FN", 0, 0, None, None, "META", None, None, None, 10, 20, 30, 11),  # noqa: E501
-        "triton": (5, 1, 1, 99, "FN", "META", None, None, None, 10, 20, 30, 11),
+        "python": (5, 1, 1, 99, "FN", "META", None, None, None, 10, 20, 30, 11),
     }[way]
     assert got == [want]
     got.clear()
@@ -365,16 +365,16 @@ def test_the_launcher_is_chosen_per_kernel(monkeypatch):
 
     d = launchers.direct_launch(_compiled_kernel(sig), 4, (9,))
     assert (d.way, d.keep, d.grid) == ("triton-c", (0, 1, 2, 3), (9, 1, 1))
-    assert way(global_scratch_size=8) == "triton"
-    assert way(num_ctas=2) == "triton"
-    assert way(launch_pdl=True) == "triton"
+    assert way(global_scratch_size=8) == "python"
+    assert way(num_ctas=2) == "python"
+    assert way(launch_pdl=True) == "python"
     monkeypatch.setattr(config, "launcher", "static")
     d = launchers.direct_launch(_compiled_kernel(sig), 4, (9,))
     assert (d.way, d.keep, d.types, d.num_warps) == ("static", (0, 2, 3), "OOiOO", 4)
     odd = {**sig, "rows": "nvTmaDesc"}  # a type the static launcher cannot pass
     assert way(_compiled_kernel(odd)) == "triton-c"
-    monkeypatch.setattr(config, "launcher", "triton")
-    assert way() == "triton"
+    monkeypatch.setattr(config, "launcher", "python")
+    assert way() == "python"
     monkeypatch.setattr(config, "launcher", "bogus")
     with pytest.raises(ValueError, match="FUSER_LAUNCHER"):
         way()
@@ -383,7 +383,7 @@ def test_the_launcher_is_chosen_per_kernel(monkeypatch):
     no_c.run = SimpleNamespace()  # a Triton whose launcher has no C entry point
     assert way(no_c) == "static"
     monkeypatch.delattr(torch._C, "_StaticCudaLauncher", raising=False)
-    assert way(no_c) == "triton"
+    assert way(no_c) == "python"
 
 
 def test_two_region_outputs_of_one_value_each_get_their_tensor():

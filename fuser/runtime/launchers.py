@@ -10,7 +10,8 @@ in advance. Three ways to launch, decided once per compiled kernel (`direct_laun
 - "static": torch's C++ launcher, `torch._C._StaticCudaLauncher._launch_kernel` (the one
   Inductor's generated code uses). It takes the function handle Triton already loaded,
   the grid, warps, shared memory, a string of argument types and the arguments.
-- "triton": `CudaLauncher.__call__`, as Triton's JIT calls it (the fallback).
+- "python": `CudaLauncher.__call__`, Triton's Python launcher, as its JIT calls it (the
+  fallback).
 
 The first two skip Triton's scratch allocation, so they are used only for kernels that
 need none (fuser's kernels never ask for it; a kernel that does falls back). Every way
@@ -18,7 +19,7 @@ takes a tensor's pointer as a plain int, which the call programs pass (`t.data_p
 given the tensor, a launcher calls data_ptr itself and asks the driver whether it is a
 device pointer. Measured on an H200 host (benchmarks/launch_cost.py, a 3-tensor kernel):
 a bare cuLaunchKernel through cuda.bindings 5.68 us; with tensors passed, "triton-c"
-6.36, "static" 7.63, "triton" 8.00; with pointers passed, "triton-c" 5.78 and "static"
+6.36, "static" 7.63, "python" 8.00; with pointers passed, "triton-c" 5.78 and "static"
 5.71. `FUSER_LAUNCHER` picks one for an A/B; where the way asked for cannot launch a
 kernel, the next that can does.
 """
@@ -36,7 +37,7 @@ _STATIC_TYPES = {
     "u1": "I", "u8": "B", "u16": "H", "u32": "I", "u64": "K",
     "fp16": "f", "bf16": "f", "fp32": "f", "f32": "f", "fp64": "d",
 }  # fmt: skip
-WAYS = ("triton-c", "static", "triton")
+WAYS = ("triton-c", "static", "python")
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class DirectLaunch:
             for "static"; every argument for the Triton launchers, which skip them).
         types: "static" only: the launcher's argument type string (two trailing "O" for
             the scratch pointers every Triton 3.x CUDA kernel takes, passed as None).
-        packed: "triton"/"triton-c": Triton's packed metadata (warps, CTAs, shared).
+        packed: "python"/"triton-c": Triton's packed metadata (warps, CTAs, shared).
         num_warps, shared: "static" only.
     """
 
@@ -135,8 +136,8 @@ def direct_launch(compiled: Any, nargs: int, grid: tuple, way: str | None = None
     run = compiled.run
     every = tuple(range(nargs))
     packed = compiled.packed_metadata
-    fallback = DirectLaunch("triton", run, compiled.function, grid3, every, packed=packed)
-    if way == "triton" or _plain(compiled) is not None:
+    fallback = DirectLaunch("python", run, compiled.function, grid3, every, packed=packed)
+    if way == "python" or _plain(compiled) is not None:
         return fallback
     launch = getattr(run, "launch", None)
     triton_c = None

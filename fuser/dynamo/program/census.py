@@ -20,7 +20,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from fuser.dynamo import CAPTURES
 from fuser.dynamo.program.step import Step
+from fuser.profile.models import training_step
 
 # the copies an inlined region makes, as regions.py names their steps
 COPIES = ("clone", "restride", "clone+restride", "contiguous")
@@ -103,9 +105,6 @@ def model_census(model: str, steps: int = 2, device: str = "cpu") -> Counter:
     """The census of one training step of `model` (a name fuser.profile knows: gpt2-tiny,
     suite:t5-tiny...) compiled by fuser on `device` (on a GPU under bf16 autocast, as
     fuser.profile runs it); `steps` steps are run (the programs are built at the first)."""
-    from fuser.dynamo import CAPTURES
-    from fuser.profile.models import training_step
-
     before = len(CAPTURES)
     step, _ = training_step(model, "fuser", 2, 8, device)
     for _ in range(steps):
