@@ -17,36 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fuser.suite.models import FAMILIES
+
 TOK = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-# llama-like decoders
-LL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    max_position_embeddings=64,
-    **TOK,
-)
-BERT = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    vocab_size=256,
-    max_position_embeddings=66,
-    pad_token_id=0,
-)
-VIT = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    image_size=32,
-    patch_size=8,
-    num_labels=10,
-)
+# the model suite's tiny sizes (fuser/suite/models.py), which the families vary
+LL = dict(FAMILIES["llama"].sizes(True), **TOK)  # llama-like decoders
+BERT = dict(FAMILIES["bert"].sizes(True), max_position_embeddings=66, pad_token_id=0)
+VIT = FAMILIES["vit"].sizes(True)
 
 
 @dataclass(frozen=True)
