@@ -95,6 +95,7 @@ class CallProgram:
             steps = fold_views(steps, b.result_uses)
             steps = pointer_views(steps, b.result_uses, b.itemsize)
             memory = plan_memory(steps, b.inputs, b.result_uses, reuse=REUSE)
+            layouts = _input_layouts(b, seen)
             emitted = emit_program(
                 self.name,
                 steps,
@@ -102,11 +103,11 @@ class CallProgram:
                 b.names,
                 b.inputs,
                 b.result,
-                _checked_alignment(steps, b, seen),
+                _checked_alignment(steps, b, layouts),
                 seen.device(),
                 self._decline,
-                _input_strides(b, seen) if self.check_strides else None,
-                _input_metas(b, seen) if self.check_strides else None,
+                _input_strides(layouts) if self.check_strides else None,
+                _input_metas(layouts) if self.check_strides else None,
             )
         except Exception as e:
             if self.strict:
@@ -135,30 +136,30 @@ class CallProgram:
         )
 
 
-def _checked_alignment(steps: list[Step], b: StepBuilder, seen: Any) -> dict[str, int]:
+def _input_layouts(b: StepBuilder, seen: Any) -> dict[str, Any]:
+    """The Layout the first call saw of each tensor input of the graph, by name."""
+    nodes = {n.name: n for n in b.gm.graph.nodes if n.op == "placeholder"}
+    layouts = {name: seen.layouts.get(nodes.get(name)) for name in b.inputs}
+    return {name: lay for name, lay in layouts.items() if lay is not None}
+
+
+def _checked_alignment(steps: list[Step], b: StepBuilder, layouts: dict) -> dict[str, int]:
     """Graph inputs whose storage a kernel reads or writes, with the alignment seen."""
     roots = storage_roots(steps, b.inputs)
     used = {r for s in steps if s.kind == "launch" for u in s.uses for r in roots.get(u, ())}
-    layout = {n.name: seen.layouts.get(n) for n in b.gm.graph.nodes if n.op == "placeholder"}
-    return {n: layout[n].align for n in b.inputs if n in used and layout.get(n) is not None}
+    return {n: layouts[n].align for n in b.inputs if n in used and n in layouts}
 
 
-def _input_strides(b: StepBuilder, seen: Any) -> dict[str, tuple[int | None, ...]]:
-    """The strides the first call saw of each tensor input of the graph, None for a dim of
-    size 1 (its stride addresses nothing: a tensor that differs only there is the same)."""
-    layout = {n.name: seen.layouts.get(n) for n in b.gm.graph.nodes if n.op == "placeholder"}
+def _input_strides(layouts: dict) -> dict[str, tuple[int | None, ...]]:
+    """The strides the first call saw of each tensor input, None for a dim of size 1 (its
+    stride addresses nothing: a tensor that differs only there is the same)."""
     return {
         n: tuple(None if size == 1 else st for size, st in zip(lay.shape, lay.stride))
-        for n, lay in ((n, layout.get(n)) for n in b.inputs)
-        if lay is not None and any(size != 1 for size in lay.shape)
+        for n, lay in layouts.items()
+        if any(size != 1 for size in lay.shape)
     }
 
 
-def _input_metas(b: StepBuilder, seen: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
-    """The shape and dtype the first call saw of each tensor input of the graph."""
-    layout = {n.name: seen.layouts.get(n) for n in b.gm.graph.nodes if n.op == "placeholder"}
-    return {
-        n: (lay.shape, lay.dtype)
-        for n, lay in ((n, layout.get(n)) for n in b.inputs)
-        if lay is not None
-    }
+def _input_metas(layouts: dict) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The shape and dtype the first call saw of each tensor input."""
+    return {n: (lay.shape, lay.dtype) for n, lay in layouts.items()}
