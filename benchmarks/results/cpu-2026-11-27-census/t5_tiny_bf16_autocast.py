@@ -4,6 +4,7 @@ from fuser.suite import models as suite
 from fuser.suite.run import compiled
 from fuser.dynamo import CAPTURES
 from fuser.dynamo.program.census import census, programs_of, table
+
 m = suite.build("t5", "tiny", "cpu")
 kw = suite.batch("t5", "tiny", m, "cpu", 1)
 sm, _ = compiled(m, "fuser")
