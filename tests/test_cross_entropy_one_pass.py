@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import fuser
+from fuser.config import config
 from fuser.dynamo import FuserBackend
 from fuser.errors import OutOfBoundsError
 
@@ -220,15 +221,25 @@ def test_autocast_loss_is_float32_as_eager(backend: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "vocab, returned, one_pass", [(64, False, True), (64, True, False), (67, True, True)]
+    "vocab, returned, rule, one_pass",
+    [
+        (64, False, "one-pass", True),
+        (64, True, "one-pass", True),
+        (64, True, "two-pass", False),
+        (67, True, "two-pass", True),
+        (64, False, "two-pass", True),
+    ],
 )
-def test_two_pass_where_the_logits_are_returned_with_aligned_rows(
-    vocab: int, returned: bool, one_pass: bool
+def test_returned_logits_take_the_form_the_rule_says(
+    monkeypatch: pytest.MonkeyPatch, vocab: int, returned: bool, rule: str, one_pass: bool
 ) -> None:
-    """A model that returns its logits keeps them alive: where their rows are 16-byte
-    aligned the two-pass form saves them instead of an [N, V] gradient (ce_rewrite.py
-    _returned); unaligned rows keep the one-pass form (pad_mm copies the logits there
-    anyway). The loss and both gradients as eager's either way."""
+    """A model that returns its logits: by default the one-pass form (the caller that drops
+    them frees them; the gradient is the one [N, V] buffer at the backward); with
+    FUSER_CE_RETURNED=two-pass, where their rows are 16-byte aligned, the two-pass form
+    saves them instead (ce_rewrite.py _two_pass_for_returned); unaligned rows keep the
+    one-pass form either way (pad_mm copies the logits there). The loss and both
+    gradients as eager's either way."""
+    monkeypatch.setattr(config, "ce_returned_logits", rule)
     g = torch.Generator().manual_seed(vocab)
     x0, w0 = torch.randn(12, 16, generator=g), torch.randn(vocab, 16, generator=g) * 0.3
     t = torch.randint(0, vocab, (12,), generator=g)

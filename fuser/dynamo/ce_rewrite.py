@@ -131,12 +131,7 @@ def _under_views(n: Any) -> Any:
 
 def _returned(logits: fx.Node) -> bool:
     """Whether the logits (or what they view or upcast) are also an output of the graph: a
-    model that returns them. They stay alive beside a gradient saved from the forward:
-    the one-pass form would cost an [N, V] buffer more than the two-pass one, which saves
-    the logits themselves for the backward. (The choice below was measured while autograd
-    still filled the unused logits' gradient with zeros that the backward read and added
-    in its pass over the rows; a loss-only step no longer does, tangents.py, so that pass
-    is now the two-pass gradient's alone: worth measuring again.)"""
+    model that returns them. See `_two_pass_for_returned` for what that decides."""
     base = _under_views(logits)
     if not isinstance(base, fx.Node):
         return False
@@ -149,6 +144,27 @@ def _returned(logits: fx.Node) -> bool:
                 seen.add(u)
                 todo.append(u)
     return False
+
+
+def _two_pass_for_returned(logits: fx.Node) -> bool:
+    """Whether a cross-entropy whose logits the graph also returns takes the two-pass form
+    (the logits saved for the backward, which makes the gradient beside them) instead of
+    the one-pass form (the gradient made in the forward and saved; the logits are the
+    caller's, freed when it drops them).
+
+    With absent gradients not filled (config.absent_grads, tangents.py) the one-pass form
+    costs no more memory in any case: a caller that drops the logits (`_, loss =
+    model(x, y)`) holds one [N, V] buffer at the backward (the saved gradient) where the
+    two-pass form holds two (the saved logits and the gradient made beside them); a caller
+    that keeps them holds two either way. It also reads the logits once, not twice. The
+    two-pass form was the better one while autograd filled the logits' unused gradient
+    with an [N, V] of zeros (H100, GPT-2 124M B=16 V=50304: one-pass 12.98 GiB, two-pass
+    11.52); config.ce_returned_logits ("two-pass", FUSER_CE_RETURNED) keeps that rule for
+    an A/B. Unaligned rows (V=50257) always took the one-pass form: pad_mm returns a copy
+    of the padded logits there, and the one-pass gradient's rows are aligned."""
+    if not (_returned(logits) and _aligned_rows(logits)):
+        return False
+    return config.ce_returned_logits == "two-pass" or not config.absent_grads
 
 
 def _aligned_rows(logits: fx.Node) -> bool:
@@ -179,20 +195,13 @@ def one_pass_cross_entropy(gm: fx.GraphModule, notes: list[str] | None = None) -
         opts = _options(node)
         if opts is None or not _takes(node):
             continue
-        if _returned(node.args[0]) and _aligned_rows(node.args[0]):
-            # the model returns its logits: the two-pass form saves them (alive anyway)
-            # instead of an [N, V] gradient, and its backward's pass over them is one the
-            # logits' own gradient needs. H100, GPT-2 124M B=16 at V=50304: 36.8 -> 35.8
-            # ms/step, peak memory 12.98 -> 11.52 GiB. Not where the rows are unaligned
-            # (V=50257): pad_mm returns a copy of the padded logits there, so memory is the
-            # same, and the one-pass form's aligned gradient rows keep 16-byte accesses
-            # that the two-pass backward's reads of odd rows do not (38.4 against 41.3)
+        if _two_pass_for_returned(node.args[0]):
             if notes is not None:
                 notes.append(
                     f"cross-entropy {node.name}: two-pass (loss in the forward, gradient in "
                     "the backward): the graph returns its logits, whose rows are 16-byte "
-                    "aligned, so saving them costs no memory and their own gradient needs "
-                    "the backward's pass anyway (fuser/dynamo/ce_rewrite.py)"
+                    "aligned, and autograd fills their unused gradient (FUSER_ABSENT_GRADS=0) "
+                    "or FUSER_CE_RETURNED=two-pass asks for it (fuser/dynamo/ce_rewrite.py)"
                 )
             continue
         src, views, upcast = _strip(node.args[0])
