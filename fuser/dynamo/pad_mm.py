@@ -106,38 +106,10 @@ def _plan(n: fx.Node) -> tuple[int, int, int, int, int, int] | None:
     m, k, n_ = dims
     if m * k * n_ < MIN_MACS:
         return None
-    big = [d >= MIN_PADDED_DIM and d % e != 0 for d in (m, k, n_)]
-    # which dims a padded copy must grow: those that set a leading dimension cuBLAS sees
-    # unaligned. A row-major operand's is its row stride (A's: K, B's: N when
-    # contiguous), a column-major one's its column stride (A's: M, B's: K); the result
-    # is made contiguous, its leading dimension N. An operand that is already a view of
-    # aligned rows (the cross-entropy's gradient, saved with padded rows) needs no copy
-    # for its odd extent: cuBLAS reads it as it is.
-    need = [False, False, big[2]]  # M, K, N
-    for v, (row, col) in ((va, (0, 1)), (vb, (1, 2))):  # its dims as indices of (M, K, N)
-        if _aligned_rows(v, e, transposed=False) or _aligned_rows(v, e, transposed=True):
-            continue
-        # the padded copy grows the operand's contiguous dim: a column-major one's rows
-        # (the padder pads the transpose's source), any other's columns
-        inner = row if v.dim() == 2 and v.stride(0) == 1 and v.shape[0] != 1 else col
-        need[inner] = need[inner] or big[inner]
-    pads = [(-d) % e if want else 0 for d, want in zip((m, k, n_), need)]
+    pads = [(-d) % e if d >= MIN_PADDED_DIM else 0 for d in (m, k, n_)]
     if not any(pads):
         return None
     return m, k, n_, *pads
-
-
-def _aligned_rows(v: torch.Tensor, e: int, transposed: bool) -> bool:
-    """Whether cuBLAS can read v ([r, c]) as row-major (or, transposed, column-major)
-    without a copy, with a leading dimension and a start that are whole 16-byte vectors
-    (e elements). False where v is not laid out that way at all."""
-    unit, lead = (0, 1) if transposed else (1, 0)
-    if v.shape[unit] != 1 and v.stride(unit) != 1:
-        return False
-    ld = v.stride(lead)
-    if not isinstance(ld, int) or not isinstance(v.storage_offset(), int):
-        return False
-    return ld % e == 0 and ld >= v.shape[unit] and v.storage_offset() % e == 0
 
 
 def _pad_bias(graph: fx.Graph, bias: Any, m: int, n: int, pm: int, pn: int) -> Any:
