@@ -16,6 +16,13 @@ over the logits) read with wide accesses too. An operand that is a transpose of 
 is padded before the transpose, and each tensor is padded once however many matmuls use it
 (the logits' gradient feeds two in the backward). Inductor's pad_mm does the same.
 
+Shapes decide, not strides: an odd K costs cuBLAS its fast kernels even where the operand
+is a view of aligned rows (H100, bf16, dX of GPT-2's lm head, [16384, 50257] @ [50257,
+768] with the gradient's rows 50264 wide: 9.35 ms as it is, 4.15 ms padded, the pad
+included; benchmarks/results/h100-2026-11-27-session9). An odd M of such a view's
+transpose (dW) is cheap as it is (2.81 ms against 4.07), but the pad made for dX serves
+dW too, so padding it as well costs nothing more.
+
 A graph output that is a padded result (or a view of one) is returned as a contiguous
 copy, with eager's strides, unless AOTAutograd marks it as saved for the backward. The
 rewritten graph's shapes are propagated again; if any node no longer accepts its inputs (a
