@@ -56,12 +56,16 @@ from fuser.dynamo.pad_mm import MIN_PADDED_DIM
 from fuser.errors import OutOfBoundsError
 from fuser.runtime.checks import poll
 
-# logits of one chunk at most. Memory: 1/6 of GPT-2 124M's bf16 logits at B*T = 16k, so
-# the step keeps most of what chunking saves. Speed: each chunk reads and writes the
-# float32 dW once (8*V*H bytes) beside 2*rows*V*H flops of its dW matmul; at ~3 TB/s and
-# ~600 TFLOP/s the two are equal near 800 rows, and 256 MiB gives >= 2k rows (V <= 64k)
-# at bf16. An estimate from those ratios; linear_ce_bench.py sweeps the rows on a GPU.
-CHUNK_BYTES = 256 << 20
+# logits of one chunk at most. Speed: each chunk reads and writes the float32 dW once
+# (8*V*H bytes) beside 6*rows*V*H flops of its three matmuls (logits, dX, dW); at ~3 TB/s
+# and ~700 TFLOP/s the round trip costs ~310/rows of the matmuls' time, so chunks want
+# thousands of rows: 512 MiB gives >= 5k rows (V <= 50k) at bf16, ~6% more. Memory: a
+# third of GPT-2 124M's bf16 logits at B*T = 16k, so the step keeps most of what chunking
+# saves. Measured (H100, nanoGPT-style GPT-2 124M, V=50304, B=16, one process;
+# benchmarks/results/h100-2026-11-27-session9): 256 MiB (7 chunks) 36.03 ms/step, 7.33
+# GiB; 512 MiB (4 chunks) 35.39, 7.49; 1 GiB (2) 35.43, 7.87; not chunked 35.04, 9.91;
+# Inductor 36.23, 8.45.
+CHUNK_BYTES = 512 << 20
 ROW_ALIGN = 128  # chunk rows are a multiple of a GEMM tile's M (128 on Hopper's wgmma)
 MIN_PADDED_VOCAB = MIN_PADDED_DIM  # as pad_mm.py: a small odd V costs little as it is
 # the rewrite's "auto" takes lm heads whose logits are at least this big (on CUDA): below
