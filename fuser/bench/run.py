@@ -188,7 +188,8 @@ def sweep_case(case: Case, opts: Options, backend: str, inputs, ref, record) -> 
         is_choice = any(s == c for c in chosen.values())
         try:
             p.run(inputs)
-            wrong = mismatch(case, p.run(inputs), ref)
+            out = p.run(inputs)
+            wrong = mismatch(case, case.finish(out) if case.finish else out, ref)
             ms = (
                 None
                 if wrong or opts.smoke
