@@ -44,9 +44,9 @@ def test_cpu_smoke_sweep(tmp_path) -> None:
         "--cpu-smoke",
         "--sweep",
         "--ops",
-        "ln_fused,bias_grad",
+        "ln_fused,bias_grad,cross_entropy_fwd_bwd",
         "--sweep-ops",
-        "ln_fused,bias_grad",
+        "ln_fused,bias_grad,cross_entropy_fwd_bwd",
         "--hidden",
         "300",
         "--out",
@@ -58,6 +58,9 @@ def test_cpu_smoke_sweep(tmp_path) -> None:
     kinds = {r["schedule"].split()[0] for r in sweep}
     assert {"inner_persistent", "outer_reduction"} <= kinds
     assert all(r["correct"] for r in sweep), [r["error"] for r in sweep if r["error"]]
+    # a case whose fuser run finishes the fusion's outputs (the cross-entropy's row losses
+    # into their mean) is swept with the same finish
+    assert any(r["op"] == "cross_entropy_fwd_bwd" for r in sweep)
     # the heuristic's own choice is among the candidates, once per kernel
     assert sum(r["heuristic"] for r in sweep if r["op"] == "ln_fused") == 1
 
