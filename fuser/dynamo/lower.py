@@ -37,7 +37,15 @@ from fuser.dynamo.region import (
     meta_inputs,
     record_for,
 )
-from fuser.dynamo.support import copy_module, describe, is_free, is_side_effect, op_name, try_lower
+from fuser.dynamo.support import (
+    copy_module,
+    describe,
+    draft_module,
+    is_free,
+    is_side_effect,
+    op_name,
+    try_lower,
+)
 from fuser.dynamo.views import sink_row_views
 from fuser.errors import FuserError
 
@@ -177,7 +185,28 @@ def rewrite(gm: fx.GraphModule, planned: list[tuple[RegionPlan, FusedRegion]]) -
         for k, o in enumerate(plan.outputs):
             env[o] = graph.call_function(operator.getitem, (call, k))
             env[o].meta = dict(o.meta)
+    _box(graph)  # before the module is made: its source is generated once
     return fx.GraphModule(root, graph, gm.__class__.__name__)
+
+
+def _is_boxed(graph: fx.Graph) -> bool:
+    try:
+        from torch.fx.graph import _BoxedCodeGen
+    except ImportError:
+        return False
+    return isinstance(graph._codegen, _BoxedCodeGen)
+
+
+def _box(graph: fx.Graph) -> bool:
+    """Give graph the boxed calling convention (a list of inputs, each released once
+    consumed); False on a torch without it."""
+    try:
+        from torch.fx.graph import _BoxedCodeGen
+    except ImportError:
+        return False
+    if not isinstance(graph._codegen, _BoxedCodeGen):
+        graph.set_codegen(_BoxedCodeGen())
+    return True
 
 
 def _copy_attr(src: torch.nn.Module, dst: torch.nn.Module, target: str) -> None:
@@ -193,14 +222,12 @@ def _copy_attr(src: torch.nn.Module, dst: torch.nn.Module, target: str) -> None:
 
 def boxed(gm: fx.GraphModule) -> Any:
     """gm as AOTAutograd's boxed callable, releasing each input once it is consumed."""
-    try:
-        from torch.fx.graph import _BoxedCodeGen
-    except ImportError:  # an older torch: inputs live until the graph returns
-        from functorch.compile import make_boxed_func
+    if not _is_boxed(gm.graph):
+        if not _box(gm.graph):  # an older torch: inputs live until the graph returns
+            from functorch.compile import make_boxed_func
 
-        return make_boxed_func(gm.forward)
-    gm.graph.set_codegen(_BoxedCodeGen())
-    gm.recompile()
+            return make_boxed_func(gm.forward)
+        gm.recompile()
     forward = gm.forward
 
     def run(args: list) -> Any:
@@ -364,7 +391,7 @@ def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
     chains made GEMM template calls, its unaligned matmuls padded, its chosen attentions
     made template calls, its scatter-adds calls of fuser's scatter kernel, and its row
     views moved out from between fusible ops."""
-    work = copy_module(gm)
+    work = draft_module(gm)  # read as a graph from here on: rewrite() makes the module
     scale_saved_gradient_in_place(work)
     record.gemm = lower_gemm(work)  # before padding: a template call needs none
     if config.pad_matmuls:

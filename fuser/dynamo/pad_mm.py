@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from fuser.dynamo.support import copy_module
+from fuser.dynamo.support import DraftModule, copy_module, draft_module
 
 aten = torch.ops.aten
 
@@ -245,7 +245,7 @@ def pad_matmuls(gm: fx.GraphModule) -> list[str]:
     mode = detect_fake_mode(inputs)
     if mode is None or any(v is None for v in inputs):
         return []
-    trial = copy_module(gm)
+    trial = draft_module(gm) if isinstance(gm, DraftModule) else copy_module(gm)
     notes = _rewrite(trial.graph)
     # the views that fed the old matmuls (grad.t() of the lm head's weight gradient) are
     # dead now; left in, they would make a fused region keep the unpadded tensor too

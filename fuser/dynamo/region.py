@@ -159,8 +159,9 @@ def meta_inputs(plan: RegionPlan) -> list[torch.Tensor]:
     return out
 
 
-def eager_module(plan: RegionPlan) -> fx.GraphModule:
-    """The region's original ATen ops as a module: the fallback when fuser gives up."""
+def eager_graph(plan: RegionPlan) -> fx.Graph:
+    """The region's original ATen ops as a graph of their own (copied now: the nodes
+    leave the captured graph when the region takes their place)."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for p in plan.inputs:
@@ -169,7 +170,7 @@ def eager_module(plan: RegionPlan) -> fx.GraphModule:
     for n in plan.nodes:
         env[n] = g.node_copy(n, env.__getitem__)
     g.output(tuple(env[o] for o in plan.outputs))
-    return fx.GraphModule(torch.nn.Module(), g, "eager_region")
+    return g
 
 
 def _non_overlapping(shape: torch.Size, stride: tuple[int, ...]) -> bool:
@@ -207,7 +208,10 @@ class FusedRegion(torch.nn.Module):
         super().__init__()
         self.fd, self.slots, self.record, self.strict = fd, slots, record, strict
         self.check = check
-        self.eager = eager_module(plan)
+        # the fallback module is made on first use: a GraphModule generates and compiles
+        # its Python source, ~6 ms a region, and a call program never falls back
+        self._eager_graph: fx.Graph | None = eager_graph(plan)
+        self._eager: fx.GraphModule | None = None
         self.layouts = [_layout(o) for o in plan.outputs]
         # outputs whose kernel writes ATen's strides in place (fd.output_strides) need no copy
         last = fd._runtime().last
@@ -218,6 +222,15 @@ class FusedRegion(torch.nn.Module):
             for o, s, (kind, k) in zip(plan.outputs, self.layouts, slots)
             if s and not (kind == "fd" and k < len(ids) and ids[k] in in_place)
         ]
+
+    @property
+    def eager(self) -> fx.GraphModule:
+        """The region's original ATen ops as a module: the fallback when fuser gives up."""
+        if self._eager is None:
+            assert self._eager_graph is not None
+            self._eager = fx.GraphModule(torch.nn.Module(), self._eager_graph, "eager_region")
+            self._eager_graph = None
+        return self._eager
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         self.record.calls += 1
