@@ -90,3 +90,52 @@ def test_log1p_special_values(dtype):
     want = torch.log1p(x) * 1.0
     torch.testing.assert_close(got, want, equal_nan=True, **_ulps(dtype, 4))
     assert torch.equal(torch.signbit(got[:2]), torch.signbit(want[:2]))  # -0.0 stays -0.0
+
+
+def test_returned_view_of_an_intermediate_stays_a_view_after_the_first_call():
+    """A graph's output that is a view of its own intermediate (a causal mask expanded to
+    [b, 1, q, k]) came back from the call program as a tensor on the same storage but no
+    view (`_base` None) from the second call on. A later compiled graph taking it has a
+    Dynamo guard on its base's strides, which then failed: marian, pegasus, bart and
+    prophetnet compiled their decoder layer one extra time."""
+
+    def mask(x, y):
+        m = (x[:, None, :] <= y[None, :, None]) & (y[None, None, :] > 0)
+        return m[:, None, :, :].expand(2, 3, 16, 16), (x * 2).sin()
+
+    compiled = _compiled(mask)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        x, y = torch.randn(2, 16, generator=g), torch.randn(16, generator=g)
+        got, want = compiled(x, y), mask(x, y)
+        torch.testing.assert_close(got, want)
+        assert got[0]._base is not None
+        assert got[0]._base.shape == want[0]._base.shape
+        assert got[0]._base.stride() == want[0]._base.stride()
+        assert got[0].stride() == want[0].stride()
+
+
+def test_a_masked_layer_after_a_mask_graph_compiles_once():
+    """The same through Dynamo: a mask built in one graph, a graph break, a layer that
+    takes it, compiled with dynamic shapes (as marian's decoder layer was, on its
+    recompile), whose guards then include the mask's base's strides."""
+    from torch._dynamo.utils import counters
+
+    def build(x):
+        return (x[:, None, :] > x[:, :, None])[:, None].expand(-1, 2, -1, -1)
+
+    def layer(h, m):
+        return F.scaled_dot_product_attention(h, h, h, attn_mask=m).tanh()
+
+    def model(x, h):
+        m = build(x)
+        torch._dynamo.graph_break()
+        return layer(h, m)
+
+    compiled = torch.compile(model, backend=FuserBackend(), dynamic=True)
+    counters.clear()
+    g = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        x, h = torch.randn(2, 8, generator=g), torch.randn(2, 2, 8, 16, generator=g)
+        torch.testing.assert_close(compiled(x, h), model(x, h), rtol=1e-5, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] == 2
