@@ -36,7 +36,25 @@ def fold_views(steps: list[Step], returned: list[str]) -> list[Step]:
     kept = [s for s in out if s is not None]
     # a view nobody reads (the last read of its base was folded away, or none was)
     reads = Counter(u for s in kept for u in s.uses) + Counter(returned)
-    return [s for s in kept if not (_is_link(s) and reads[s.defines[0]] == 0)]
+    kept = [s for s in kept if not (_is_link(s) and reads[s.defines[0]] == 0)]
+    return _returned_views(kept, set(returned))
+
+
+def _returned_views(steps: list[Step], returned: set[str]) -> list[Step]:
+    """Views the program returns, made by as_strided, a view op: reinterpret's tensor
+    shares its base's storage, but autograd does not know it as a view (no `_base`).
+    Eager's expand of an intermediate has one, and Dynamo guards a later graph that takes
+    it on its base's strides: the program's tensor failed that guard on every call after
+    the first and recompiled that graph (marian's and pegasus's decoder masks)."""
+    out = []
+    for s in steps:
+        if _is_link(s) and s.view is not None and s.defines[0] in returned:
+            _, shape, stride, offset = s.view
+            base, name = s.uses[0], s.defines[0]
+            where = f"{base}.storage_offset() + {offset}"
+            s = replace(s, code=f"{name} = {base}.as_strided({shape}, {stride}, {where})")
+        out.append(s)
+    return out
 
 
 def _is_link(s: Step) -> bool:
