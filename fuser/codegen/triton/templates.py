@@ -98,9 +98,13 @@ def tanh(x):
 def log1p(x):
     # log(1 + x) loses x's low bits when it rounds 1 + x (x = 1e-4 came out 5e-4 off in
     # float32): log(u) * x / (u - 1), u = 1 + x, divides that rounding out (Goldberg),
-    # in float64, whose log is accurate where a GPU's float32 log is an approximation;
+    # in float64 for float64 and in float32 otherwise (a float64 log per element would
+    # cost a memory-bound kernel its speed; the formula's error is the log's, a few ulps);
     # u - 1 = 0 is x below half an ulp of 1, where log1p(x) is x (u = inf: x = inf)
-    w = x.to(tl.float64)
+    if x.dtype == tl.float64:
+        w = x
+    else:
+        w = x.to(tl.float32)
     u = 1.0 + w
     d = u - 1.0
     exact = (d == 0) | (u == POS_INF)
