@@ -189,23 +189,28 @@ def rewrite(gm: fx.GraphModule, planned: list[tuple[RegionPlan, FusedRegion]]) -
     return fx.GraphModule(root, graph, gm.__class__.__name__)
 
 
-def _is_boxed(graph: fx.Graph) -> bool:
+def _boxed_codegen() -> Any:
+    """torch's boxed calling convention (a list of inputs, each released once consumed),
+    or None on a torch without it."""
     try:
         from torch.fx.graph import _BoxedCodeGen
     except ImportError:
-        return False
-    return isinstance(graph._codegen, _BoxedCodeGen)
+        return None
+    return _BoxedCodeGen
+
+
+def _is_boxed(graph: fx.Graph) -> bool:
+    codegen = _boxed_codegen()
+    return codegen is not None and isinstance(graph._codegen, codegen)
 
 
 def _box(graph: fx.Graph) -> bool:
-    """Give graph the boxed calling convention (a list of inputs, each released once
-    consumed); False on a torch without it."""
-    try:
-        from torch.fx.graph import _BoxedCodeGen
-    except ImportError:
+    """Give graph the boxed calling convention; False on a torch without it."""
+    codegen = _boxed_codegen()
+    if codegen is None:
         return False
-    if not isinstance(graph._codegen, _BoxedCodeGen):
-        graph.set_codegen(_BoxedCodeGen())
+    if not isinstance(graph._codegen, codegen):
+        graph.set_codegen(codegen())
     return True
 
 

@@ -209,7 +209,7 @@ class FusedRegion(torch.nn.Module):
         self.fd, self.slots, self.record, self.strict = fd, slots, record, strict
         self.check = check
         # the fallback module is made on first use: a GraphModule generates and compiles
-        # its Python source, ~6 ms a region, and a call program never falls back
+        # its Python source, ~6 ms a region, and most regions never fall back
         self._eager_graph: fx.Graph | None = eager_graph(plan)
         self._eager: fx.GraphModule | None = None
         self.layouts = [_layout(o) for o in plan.outputs]
