@@ -153,18 +153,18 @@ def _two_pass_for_returned(logits: fx.Node) -> bool:
     caller's, freed when it drops them).
 
     With absent gradients not filled (config.absent_grads, tangents.py) the one-pass form
-    costs no more memory in any case: a caller that drops the logits (`_, loss =
-    model(x, y)`) holds one [N, V] buffer at the backward (the saved gradient) where the
-    two-pass form holds two (the saved logits and the gradient made beside them); a caller
-    that keeps them holds two either way. It also reads the logits once, not twice. The
-    two-pass form was the better one while autograd filled the logits' unused gradient
-    with an [N, V] of zeros (H100, GPT-2 124M B=16 V=50304: one-pass 12.98 GiB, two-pass
-    11.52); config.ce_returned_logits ("two-pass", FUSER_CE_RETURNED) keeps that rule for
-    an A/B. Unaligned rows (V=50257) always took the one-pass form: pad_mm returns a copy
-    of the padded logits there, and the one-pass gradient's rows are aligned."""
+    costs no more memory: a caller that drops the logits (`_, loss = model(x, y)`) holds
+    one [N, V] buffer at the backward where the two-pass form holds two, and it reads the
+    logits once. H100, GPT-2 124M B=16 V=50304: 37.7 -> 35.9 ms/step, 12.98 -> 9.98 GiB
+    (benchmarks/results/h100-2026-11-27-session9/2-ce-returned). It is not the default
+    (config.ce_returned_logits, FUSER_CE_RETURNED=one-pass takes it): with it,
+    transformers' tiny Mamba fails in AOTAutograd (a functorch vmap error while tracing
+    its scan), which the two-pass form does not meet; not understood yet. Unaligned rows
+    (V=50257) always take the one-pass form: pad_mm returns a copy of the padded logits
+    there, and the one-pass gradient's rows are aligned."""
     if not (_returned(logits) and _aligned_rows(logits)):
         return False
-    return config.ce_returned_logits == "two-pass" or not config.absent_grads
+    return config.ce_returned_logits != "one-pass" or not config.absent_grads
 
 
 def _aligned_rows(logits: fx.Node) -> bool:
@@ -200,8 +200,9 @@ def one_pass_cross_entropy(gm: fx.GraphModule, notes: list[str] | None = None) -
                 notes.append(
                     f"cross-entropy {node.name}: two-pass (loss in the forward, gradient in "
                     "the backward): the graph returns its logits, whose rows are 16-byte "
-                    "aligned, and autograd fills their unused gradient (FUSER_ABSENT_GRADS=0) "
-                    "or FUSER_CE_RETURNED=two-pass asks for it (fuser/dynamo/ce_rewrite.py)"
+                    "aligned, and they are saved instead of an [N, V] gradient "
+                    "(FUSER_CE_RETURNED=one-pass makes the gradient in the forward; "
+                    "fuser/dynamo/ce_rewrite.py)"
                 )
             continue
         src, views, upcast = _strip(node.args[0])
