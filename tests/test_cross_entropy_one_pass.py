@@ -264,3 +264,29 @@ def test_returned_logits_take_the_form_the_rule_says(
     text = "\n".join(b.captures[0].linear_ce)
     assert ("one pass (loss and gradient" in text) == one_pass, text
     assert ("two-pass" in text and "returns its logits" in text) != one_pass, text
+
+
+@pytest.mark.parametrize("rule", ["one-pass", "two-pass"])
+def test_rewrite_keeps_an_inlined_vmap(monkeypatch: pytest.MonkeyPatch, rule: str) -> None:
+    """Dynamo inlines torch.vmap as calls nobody reads (vmap nesting levels): the rewrite
+    drops only what it orphaned, not the graph's other unread nodes; dropping those made
+    AOTAutograd fail ("tensor escaped from inside a function being vmapped") on
+    transformers' Mamba, whose scan runs under vmap (ce_rewrite.drop_orphans)."""
+    monkeypatch.setattr(config, "ce_returned_logits", rule)
+    g = torch.Generator().manual_seed(11)
+    x0, w0 = torch.randn(12, 16, generator=g), torch.randn(64, 16, generator=g) * 0.3
+    t = torch.randint(0, 64, (12,), generator=g)
+
+    def step(x, w):  # noqa: ANN001, ANN202
+        h = torch.vmap(lambda r: r * torch.sigmoid(r))(x)  # a per-row map under vmap
+        logits = h @ w.t()
+        return F.cross_entropy(logits, t), logits
+
+    got_want = []
+    for fn in (step, torch.compile(step, backend=FuserBackend(strict=True))):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        loss, logits = fn(x, w)
+        loss.backward()
+        got_want.append((loss, logits, x.grad, w.grad))
+    for got, want in zip(got_want[1], got_want[0]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -189,6 +189,7 @@ def one_pass_cross_entropy(gm: fx.GraphModule, notes: list[str] | None = None) -
         return 0
     graph = gm.graph
     done = 0
+    orphans: list[fx.Node] = []
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _CE or len(node.args) < 2:
             continue
@@ -222,6 +223,7 @@ def one_pass_cross_entropy(gm: fx.GraphModule, notes: list[str] | None = None) -
             )
             loss = graph.call_function(operator.getitem, (pair, 0))
         node.replace_all_uses_with(loss)
+        orphans += node.all_input_nodes
         graph.erase_node(node)
         done += 1
         if notes is not None:
@@ -231,9 +233,29 @@ def one_pass_cross_entropy(gm: fx.GraphModule, notes: list[str] | None = None) -
                 "; fuser/dynamo/ce_op.py)"
             )
     if done:
-        graph.eliminate_dead_code()
+        drop_orphans(graph, orphans)
         gm.recompile()
     return done
+
+
+def drop_orphans(graph: fx.Graph, seeds: list[fx.Node]) -> int:
+    """Erase the nodes a rewrite left unread (the replaced call's views and upcasts), and
+    then theirs, and nothing else: the graph's own dead code stays. A whole-graph
+    eliminate_dead_code would also drop nodes whose effect is not their value, which fx
+    does not know as impure: Dynamo's inlined vmap (transformers' Mamba scan) leaves
+    `_vmap_decrement_nesting` calls nobody reads, and without them AOTAutograd's trace
+    failed ("tensor escaped from inside a function being vmapped"). Returns how many."""
+    todo, dropped = list(seeds), 0
+    while todo:
+        n = todo.pop()
+        if n.graph is not graph or n.users or n.op not in ("call_function", "call_method"):
+            continue
+        if n.is_impure():
+            continue
+        todo += n.all_input_nodes
+        graph.erase_node(n)
+        dropped += 1
+    return dropped
 
 
 _LINEAR = (F.linear, torch._C._nn.linear)
@@ -295,8 +317,11 @@ def _mode_problem(logits: torch.Tensor, mode: str) -> str | None:
     return None
 
 
-def _chunk_one(graph: fx.Graph, ce: fx.Node, lin: fx.Node, upcast: bool, opts: tuple) -> str:
-    """Replace one lm head + cross-entropy by the op; returns what it became."""
+def _chunk_one(
+    graph: fx.Graph, ce: fx.Node, lin: fx.Node, upcast: bool, opts: tuple, orphans: list
+) -> str:
+    """Replace one lm head + cross-entropy by the op; returns what it became. The nodes
+    the replaced call read join `orphans` (drop_orphans erases those left unread)."""
     x, logits = _val(lin.args[0]), _val(lin)
     n, v = logits.numel() // logits.shape[-1], logits.shape[-1]
     reduction, ignore, smoothing = opts
@@ -314,6 +339,7 @@ def _chunk_one(graph: fx.Graph, ce: fx.Node, lin: fx.Node, upcast: bool, opts: t
         out = graph.call_function(torch.ops.fuser.linear_cross_entropy.default, args)
         loss = graph.call_function(operator.getitem, (out, 0))
     ce.replace_all_uses_with(loss)
+    orphans += ce.all_input_nodes
     graph.erase_node(ce)
     plan = plan_chunks(n, v, logits.dtype, smoothing)
     size = f"{logits.numel() * logits.element_size() / 2**20:.0f} MiB"
@@ -333,6 +359,7 @@ def chunk_linear_cross_entropy(gm: fx.GraphModule) -> list[str]:
     if mode == "0" or not torch.is_grad_enabled():
         return []
     notes: list[str] = []
+    orphans: list[fx.Node] = []
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _CE or len(node.args) < 2:
             continue
@@ -349,9 +376,9 @@ def chunk_linear_cross_entropy(gm: fx.GraphModule) -> list[str]:
         if why is not None:
             notes.append(f"{head}: not chunked: {why}")
             continue
-        notes.append(f"{head}: {_chunk_one(gm.graph, node, lin, upcast, opts)}")
+        notes.append(f"{head}: {_chunk_one(gm.graph, node, lin, upcast, opts, orphans)}")
     if any("chunked into" in note for note in notes):
-        gm.graph.eliminate_dead_code()
+        drop_orphans(gm.graph, orphans)
         gm.recompile()
     return notes
 
