@@ -22,8 +22,7 @@ FUSER_ONE_PASS_CE  0 leaves F.cross_entropy to AOTAutograd's log_softmax + nll_l
 FUSER_CE_RETURNED  a cross-entropy whose logits the graph also returns (aligned rows): "two-pass"
               (default: the logits saved, the gradient made in the backward) or "one-pass"
               (the gradient made in the forward: with absent gradients not filled, 1.8 ms
-              and 3 GiB less on GPT-2 124M at V=50304, but Mamba's graph then fails in
-              AOTAutograd; fuser/dynamo/ce_rewrite.py)
+              and 3 GiB less on GPT-2 124M at V=50304; fuser/dynamo/ce_rewrite.py)
 FUSER_LINEAR_CE  whether torch.compile(backend="fuser") fuses an lm head into its cross-entropy
               (fuser/dynamo/linear_ce.py: the logits made and consumed a chunk of rows at a
               time, never whole): "auto" (default: on for CUDA logits of >= 256 MiB), "1"

@@ -156,10 +156,10 @@ def _two_pass_for_returned(logits: fx.Node) -> bool:
     costs no more memory: a caller that drops the logits (`_, loss = model(x, y)`) holds
     one [N, V] buffer at the backward where the two-pass form holds two, and it reads the
     logits once. H100, GPT-2 124M B=16 V=50304: 37.7 -> 35.9 ms/step, 12.98 -> 9.98 GiB
-    (benchmarks/results/h100-2026-11-27-session9/2-ce-returned). It is not the default
-    (config.ce_returned_logits, FUSER_CE_RETURNED=one-pass takes it): with it,
-    transformers' tiny Mamba fails in AOTAutograd (a functorch vmap error while tracing
-    its scan), which the two-pass form does not meet; not understood yet. Unaligned rows
+    (benchmarks/results/h100-2026-11-27-session9/2-ce-returned). It is not the default yet
+    (config.ce_returned_logits, FUSER_CE_RETURNED=one-pass takes it): as a default it made
+    transformers' tiny Mamba fail in AOTAutograd, through the rewrite's dead-code pass
+    (drop_orphans fixes that), and the default has not been measured again since. Unaligned rows
     (V=50257) always take the one-pass form: pad_mm returns a copy of the padded logits
     there, and the one-pass gradient's rows are aligned."""
     if not (_returned(logits) and _aligned_rows(logits)):
