@@ -37,7 +37,6 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,28 +46,18 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fuser  # noqa: E402,F401  (registers the "fuser" backend)
+from fuser.examples.gpt2 import GPTConfig, get_config  # noqa: E402
 
 IMPLS = ("eager", "inductor", "inductor-ro", "fuser", "fuser-cg")
 CUDAGRAPH_IMPLS = ("inductor-ro", "fuser-cg")
 
 
-@dataclass(frozen=True)
-class Size:
-    n_layer: int
-    n_head: int
-    n_embd: int
-
-
-SIZES = {
-    "tiny": Size(2, 2, 32),
-    "124m": Size(12, 12, 768),
-    "350m": Size(24, 16, 1024),
-    "774m": Size(36, 20, 1280),
-}
+# sizes only (layers, heads, width): the project's GPT-2 configurations, the model apart
+SIZES = ("tiny", "124m", "350m", "774m")
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, size: Size):
+    def __init__(self, size: GPTConfig):
         super().__init__()
         self.n_head, self.n_embd = size.n_head, size.n_embd
         self.c_attn = nn.Linear(size.n_embd, 3 * size.n_embd)
@@ -84,7 +73,7 @@ class SelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, size: Size):
+    def __init__(self, size: GPTConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(size.n_embd)
         self.attn = SelfAttention(size)
@@ -104,7 +93,7 @@ class Block(nn.Module):
 
 
 class NanoGPT(nn.Module):
-    def __init__(self, size: Size, vocab: int, block: int):
+    def __init__(self, size: GPTConfig, vocab: int, block: int):
         super().__init__()
         self.transformer = nn.ModuleDict(
             dict(
@@ -159,7 +148,7 @@ def run(impl: str, args: argparse.Namespace, batches: list) -> dict[str, Any]:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(args.seed)
-    model = NanoGPT(SIZES[args.config], args.vocab, args.seq).to(args.device)
+    model = NanoGPT(get_config(args.config), args.vocab, args.seq).to(args.device)
     step_model = compiled(model, impl)
     opt = torch.optim.AdamW(
         model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda
@@ -236,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="JSON lines file to write")
     ap.add_argument("--impls", default="eager,inductor,fuser", help="comma-separated, in order")
-    ap.add_argument("--config", default="124m", choices=sorted(SIZES))
+    ap.add_argument("--config", default="124m", choices=SIZES)
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)

@@ -290,3 +290,18 @@ def test_rewrite_keeps_an_inlined_vmap(monkeypatch: pytest.MonkeyPatch, rule: st
         got_want.append((loss, logits, x.grad, w.grad))
     for got, want in zip(got_want[1], got_want[0]):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_an_unknown_returned_logits_rule_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FUSER_CE_RETURNED takes one-pass or two-pass; a misspelling names itself."""
+    monkeypatch.setattr(config, "ce_returned_logits", "onepass")
+    g = torch.Generator().manual_seed(12)
+    x, w = torch.randn(6, 8, generator=g), torch.randn(64, 8, generator=g, requires_grad=True)
+    t = torch.randint(0, 64, (6,), generator=g)
+
+    def step(x, w):  # noqa: ANN001, ANN202
+        logits = x @ w.t()
+        return F.cross_entropy(logits, t), logits
+
+    with pytest.raises(Exception, match="FUSER_CE_RETURNED='onepass'"):
+        torch.compile(step, backend=FuserBackend(strict=True))(x, w)

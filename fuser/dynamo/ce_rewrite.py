@@ -162,9 +162,12 @@ def _two_pass_for_returned(logits: fx.Node) -> bool:
     (drop_orphans fixes that), and the default has not been measured again since. Unaligned rows
     (V=50257) always take the one-pass form: pad_mm returns a copy of the padded logits
     there, and the one-pass gradient's rows are aligned."""
+    rule = config.ce_returned_logits
+    if rule not in ("one-pass", "two-pass"):
+        raise ValueError(f"FUSER_CE_RETURNED={rule!r}; expected one-pass or two-pass")
     if not (_returned(logits) and _aligned_rows(logits)):
         return False
-    return config.ce_returned_logits != "one-pass" or not config.absent_grads
+    return rule == "two-pass" or not config.absent_grads
 
 
 def _aligned_rows(logits: fx.Node) -> bool:

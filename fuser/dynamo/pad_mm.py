@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from fuser.dynamo.support import DraftModule, copy_module, draft_module
+from fuser.dynamo.support import draft_module
 
 aten = torch.ops.aten
 
@@ -245,16 +245,14 @@ def pad_matmuls(gm: fx.GraphModule) -> list[str]:
     mode = detect_fake_mode(inputs)
     if mode is None or any(v is None for v in inputs):
         return []
-    trial = draft_module(gm) if isinstance(gm, DraftModule) else copy_module(gm)
+    trial = draft_module(gm)  # shapes propagate through the graph: it needs no source
     notes = _rewrite(trial.graph)
     # the views that fed the old matmuls (grad.t() of the lm head's weight gradient) are
     # dead now; left in, they would make a fused region keep the unpadded tensor too
     trial.graph.eliminate_dead_code()
-    trial.recompile()
     try:
         FakeTensorProp(trial, mode).propagate_dont_convert_inputs(*inputs)
     except Exception:  # a node that does not take the padded (strided) result
         return []
-    gm.graph = trial.graph
-    gm.recompile()
+    gm.graph = trial.graph  # the setter regenerates gm's source (none for a draft)
     return notes
