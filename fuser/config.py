@@ -19,10 +19,10 @@ FUSER_COMPILE_WORKERS  threads that compile a graph's kernels ahead of its first
 FUSER_ONE_PASS_CE  0 leaves F.cross_entropy to AOTAutograd's log_softmax + nll_loss (default
               1: when a backward will run, loss and gradient in one kernel,
               fuser/dynamo/ce_op.py)
-FUSER_CE_RETURNED  a cross-entropy whose logits the graph also returns (aligned rows): "two-pass"
-              (default: the logits saved, the gradient made in the backward) or "one-pass"
-              (the gradient made in the forward: with absent gradients not filled, 1.8 ms
-              and 3 GiB less on GPT-2 124M at V=50304; fuser/dynamo/ce_rewrite.py)
+FUSER_CE_RETURNED  a cross-entropy whose logits the graph also returns (aligned rows): "one-pass"
+              (default: the gradient made in the forward; with absent gradients not filled,
+              1.8 ms and 3 GiB less than two-pass on GPT-2 124M at V=50304) or "two-pass"
+              (the logits saved, the gradient made in the backward; fuser/dynamo/ce_rewrite.py)
 FUSER_LINEAR_CE  whether torch.compile(backend="fuser") fuses an lm head into its cross-entropy
               (fuser/dynamo/linear_ce.py: the logits made and consumed a chunk of rows at a
               time, never whole): "auto" (default: on for CUDA logits of >= 256 MiB), "1"
@@ -80,7 +80,7 @@ class Config:
     compile_workers: int = 0
     absent_grads: bool = True
     one_pass_cross_entropy: bool = True
-    ce_returned_logits: str = "two-pass"
+    ce_returned_logits: str = "one-pass"
     attention: str = "sdpa"
     scatter: str = "sorted"
     gemm: str = "aten"
@@ -102,7 +102,7 @@ def _read() -> Config:
         compile_workers=int(os.environ.get("FUSER_COMPILE_WORKERS", "0") or 0),
         absent_grads=os.environ.get("FUSER_ABSENT_GRADS", "1") not in ("", "0"),
         one_pass_cross_entropy=os.environ.get("FUSER_ONE_PASS_CE", "1") not in ("", "0"),
-        ce_returned_logits=os.environ.get("FUSER_CE_RETURNED", "two-pass") or "two-pass",
+        ce_returned_logits=os.environ.get("FUSER_CE_RETURNED", "one-pass") or "one-pass",
         attention=os.environ.get("FUSER_ATTENTION", "sdpa") or "sdpa",
         scatter=os.environ.get("FUSER_SCATTER", "sorted") or "sorted",
         gemm=os.environ.get("FUSER_GEMM", "aten") or "aten",
