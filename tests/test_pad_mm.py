@@ -100,20 +100,52 @@ def test_a_transpose_that_swaps_nothing_is_not_peeled() -> None:
         assert _padded_notes(be)
 
 
-def test_a_padded_result_returned_keeps_eagers_strides() -> None:
+def test_a_padded_result_returned_is_a_view_of_the_padded_rows(monkeypatch) -> None:
+    """By default a returned padded result is the padded rows' view (eager's stride order,
+    as Inductor returns it: no copy); FUSER_EAGER_OUTPUT_STRIDES=1 returns eager's
+    contiguous strides."""
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(20, 30, generator=g), torch.randn(30, 45, generator=g)
-    be = FuserBackend()
-    y = torch.compile(lambda x, w: x @ w, backend=be)(x, w)
-    assert any("N 45 -> 48" in n for n in _padded_notes(be))
-    assert y.is_contiguous() and y.stride() == (45, 1)
-    torch.testing.assert_close(y.view(-1), (x @ w).view(-1), atol=1e-5, rtol=1e-5)
+    for eager_strides in (False, True):
+        torch._dynamo.reset()
+        monkeypatch.setattr(config, "eager_output_strides", eager_strides)
+        be = FuserBackend()
+        y = torch.compile(lambda x, w: x @ w, backend=be)(x, w)
+        assert any("N 45 -> 48" in n for n in _padded_notes(be))
+        assert y.shape == (20, 45)
+        assert y.stride() == ((45, 1) if eager_strides else (48, 1))
+        torch.testing.assert_close(y, x @ w, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(y.view(-1, 45).sum(0), (x @ w).sum(0), atol=1e-4, rtol=1e-4)
+
+
+def test_returned_padded_logits_take_an_eager_loss_and_its_backward() -> None:
+    """The logits leave the compiled graph as padded rows; a loss computed on them in
+    eager, outside the graph, sends its gradient back into the compiled backward: both
+    parameters' gradients as eager's, whatever strides the incoming gradient has."""
+    g = torch.Generator().manual_seed(6)
+    x0, w0 = torch.randn(3, 7, 30, generator=g), torch.randn(61, 30, generator=g) * 0.2
+    target = torch.randint(0, 61, (21,), generator=g)
+
+    def head(x, w):
+        return torch.tanh(x) @ w.t()
+
+    compiled = torch.compile(head, backend=FuserBackend())
+    results = []
+    for fn in (head, compiled):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        logits = fn(x, w)
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, 61), target)
+        (loss + logits[:, 1:, :5].square().mean()).backward()
+        results.append((logits.detach(), x.grad, w.grad))
+    assert results[1][0].stride()[-1] == 1
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("one_pass", [False, True])
 def test_logits_saved_for_the_backward_keep_their_padded_rows(monkeypatch, one_pass) -> None:
     """GPT-2's lm head: the logits its cross-entropy saves for the backward are the padded
-    matmul's rows (no copy), while the logits returned to the caller are contiguous. With
+    matmul's rows (no copy), as are the logits returned to the caller. With
     the one-pass cross-entropy (fuser/dynamo/ce_op.py) no logits are saved at all: its
     bf16 gradient is, read from the padded rows by the forward kernel."""
     monkeypatch.setattr(config, "one_pass_cross_entropy", one_pass)
@@ -136,7 +168,7 @@ def test_logits_saved_for_the_backward_keep_their_padded_rows(monkeypatch, one_p
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss, logits = torch.compile(step, backend=be)(x, w)
     assert any("N 45 -> 48" in n for n in _padded_notes(be))
-    assert logits.is_contiguous()
+    assert logits.stride() == (480, 48, 1)
     rows = [t for t in saved if t.dim() > 1 and t.shape[-1] == 45 and t.dtype == torch.bfloat16]
     if one_pass:
         assert [tuple(t.shape) for t in rows] == [(20, 45)]  # the gradient
