@@ -29,7 +29,7 @@ from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_gra
 from fuser.dynamo.program import cudagraphs
 from fuser.dynamo.saved import partition_fn
 from fuser.runtime import timing
-from fuser.runtime.precompile import precompile
+from fuser.runtime.precompile import precompile, start_processes
 
 aten = torch.ops.aten
 _TORCH_DIR = str(Path(torch.__file__).parent)
@@ -191,6 +191,8 @@ class FuserBackend:
     def _compile(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._dynamo.backends.common import aot_autograd
 
+        if _device_type(example_inputs) == "cuda":
+            start_processes()  # the compile workers import while AOTAutograd traces
         cid, codes = _compile_context()
         shapes = [list(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
         refs = tuple(weakref.ref(x) for x in example_inputs if isinstance(x, torch.Tensor))

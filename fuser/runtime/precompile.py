@@ -19,23 +19,32 @@ compiled by a pool of threads, and the first launches find them ready:
   same AsyncCompileMode block (runtime/gemm.warm_up: the arguments made from the graph's
   fake values as the call makes them from real ones).
 
+Before that block, Triton kernels are compiled in worker processes
+(runtime/compile_pool.py: Triton's compilation holds the GIL, so threads take turns),
+which leave the binaries and their C launchers in Triton's disk cache; the block then only
+loads them. A kernel a worker could not compile is compiled by the block as before.
+
 A kernel that fails to compile here is left to its first launch, which raises the error
 where it always did. config.compile_workers (FUSER_COMPILE_WORKERS; 0 or 1: serial)
-sizes the pool.
+sizes the pools.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
 from typing import Any
 
 from fuser.backends.registry import get_backend
 from fuser.config import config, debug_print
 from fuser.runtime import timing
+from fuser.runtime.cache import digest, load_entry, store_entry
+from fuser.runtime.compile_pool import WorkerPool
 from fuser.runtime.cuda_backend import device_arch
 from fuser.runtime.timing import KernelTime
 from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED, load_module
@@ -155,6 +164,122 @@ def warmup_args(k: Any) -> list[Any]:
     return [*args, k.spec.rows]
 
 
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
+POOL_WAIT_S = 600.0  # a worker that takes longer is not waited for: the block compiles it
+
+
+def start_processes() -> WorkerPool | None:
+    """The compile worker processes (started once, on a GPU process, unless
+    config.compile_processes is off); None where there are none."""
+    global _pool
+    if not config.compile_processes or workers() <= 1:
+        return None
+    with _pool_lock:
+        if _pool is None:
+            try:
+                from triton.runtime.driver import driver
+
+                t = driver.active.get_current_target()
+                target = (t.backend, t.arch, t.warp_size)
+                _pool = WorkerPool(workers(), setup=(__name__, "worker_setup", (target,)))
+            except Exception as e:  # no GPU driver, no subprocesses: threads as before
+                debug_print(1, f"[fuser] no compile worker processes ({e}); threads compile")
+                return None
+        return _pool if _pool.alive() else None
+
+
+class _TargetOnly:
+    """Triton's driver as a compile worker needs it: the parent's target, device 0 and
+    stream 0, with no CUDA context made (nor a GPU needed: a CPU machine compiles too)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, *_: Any) -> int:
+        return 0
+
+
+def worker_setup(target: tuple) -> None:
+    """Run once in each compile worker, ahead of its jobs."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    driver.set_active(_TargetOnly(GPUTarget(*target)))
+
+
+def warm_in_worker(
+    source: str, name: str, args: list, grid: Any, num_warps: int, finalize: tuple | None
+) -> None:
+    """A compile worker's job: what _warm_triton's block does for one kernel, leaving the
+    binaries (and their launchers) in Triton's disk cache."""
+    module = load_module(source, False)
+    compiled = [
+        getattr(module, name).warmup(*args, grid=grid, num_warps=num_warps, **TRITON_OPTIONS)
+    ]
+    if finalize is not None:
+        fin_grid, fin_warps = finalize
+        fin = getattr(module, name + "_finalize")
+        compiled.append(fin.warmup(*args, grid=fin_grid, num_warps=fin_warps, **TRITON_OPTIONS))
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        for c in compiled:
+            CudaLauncher(c.src, c.metadata)
+    except Exception:  # no CUDA driver library here (a CPU machine): the parent builds them
+        pass
+
+
+def _warmed_key(k: Any) -> str:
+    """The key of fuser's note that `k` was warmed up into this Triton cache before."""
+    from triton import knobs
+
+    return digest(k.source, k.name, str(knobs.cache.dir))
+
+
+def _compile_in_workers(kernels: list[Any]) -> int:
+    """Compile `kernels` in the worker processes, waiting for all; returns how many the
+    workers compiled (0 without workers). Kernels an earlier process warmed up into the
+    same Triton cache are left to the block, which loads them: with warm caches the
+    workers are neither waited for nor asked."""
+    todo = [
+        k
+        for k in kernels
+        if not isinstance(k, TemplateWarmup)  # its warm-up is a closure: the block runs it
+        and load_entry("triton-warmed", _warmed_key(k)) is None
+    ]
+    pool = start_processes() if todo else None
+    if pool is None:
+        return 0
+    futures = []
+    for k in todo:
+        s = k.plan
+        fin = (s.finalize_grid, s.finalize_threads // 32) if k.workspaces else None
+        futures.append(
+            pool.submit(
+                __name__,
+                "warm_in_worker",
+                k.source,
+                k.name,
+                warmup_args(k),
+                s.grid,
+                s.num_warps,
+                fin,
+            )
+        )
+    done, _ = wait_all(futures, timeout=POOL_WAIT_S)
+    failed = [f for f in done if f.exception() is not None or f.result() is not None]
+    for f in failed[:3]:
+        debug_print(1, f"[fuser] compile worker: {f.exception() or f.result()}")
+    return len(done) - len(failed)
+
+
 def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
     try:
         from triton.runtime._async_compile import AsyncCompileMode
@@ -163,6 +288,7 @@ def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
     results: list[Any] = []
     compiled: list[Any] = []  # what the warm-ups return: compiled kernels (or futures)
     t0 = time.perf_counter()
+    in_workers = _compile_in_workers(kernels) if n > 1 and len(kernels) > 1 else 0
 
     def warm_all() -> None:
         for k in kernels:
@@ -199,9 +325,13 @@ def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
     else:
         warm_all()
     prebuild_launchers(compiled, n)
+    for k, r in zip(kernels, results):
+        if r is None and not isinstance(k, TemplateWarmup):
+            store_entry("triton-warmed", _warmed_key(k), {"name": k.name})
     each = (time.perf_counter() - t0) / max(1, len(kernels))
+    how = "warmed up (worker processes)" if in_workers else "warmed up (pool)"
     for k in kernels:  # Triton compiles them together: each is given an equal share
-        timing.kernel(KernelTime(k.name, "triton", "warmed up (pool)", each), ledgers)
+        timing.kernel(KernelTime(k.name, "triton", how, each), ledgers)
     return results
 
 

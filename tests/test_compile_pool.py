@@ -1,0 +1,128 @@
+"""Compile worker processes (fuser/runtime/compile_pool.py, precompile.py): jobs run in
+plain subprocesses, errors come back as answers, a dead worker fails only its job, and a
+worker compiles a generated Triton kernel (for an H100, on this CPU machine too) into the
+disk cache entry the parent's own warm-up then loads instead of compiling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fuser import FusionDefinition
+from fuser.runtime import precompile
+from fuser.runtime.compile_pool import WorkerPool
+
+H100 = ("cuda", 90, 32)
+F16 = torch.float16
+
+
+@pytest.fixture(scope="module")
+def triton_cache(tmp_path_factory: pytest.TempPathFactory):
+    """A fresh TRITON_CACHE_DIR for this module, set before its workers start."""
+    mp = pytest.MonkeyPatch()
+    folder = tmp_path_factory.mktemp("triton-cache")
+    mp.setenv("TRITON_CACHE_DIR", str(folder))
+    yield folder
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def pool(triton_cache: Path):
+    p = WorkerPool(2, setup=("fuser.runtime.precompile", "worker_setup", (H100,)))
+    yield p
+    p.close()
+
+
+def _entries(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir() if p.is_dir()}
+
+
+def test_jobs_answer_none_or_their_error(pool: WorkerPool) -> None:
+    ok = pool.submit("math", "sqrt", 4.0)
+    bad = pool.submit("math", "sqrt", -1.0)
+    loud = pool.submit("builtins", "print", "a job's print goes to stderr, not the protocol")
+    after = pool.submit("math", "sqrt", 9.0)
+    assert ok.result(timeout=120) is None
+    assert bad.result(timeout=120) == "ValueError: math domain error"
+    assert loud.result(timeout=120) is None and after.result(timeout=120) is None
+
+
+def test_a_dead_worker_fails_its_job_and_the_other_goes_on(triton_cache: Path) -> None:
+    p = WorkerPool(2)
+    try:
+        dead = p.submit("os", "_exit", 3)
+        assert isinstance(dead.exception(timeout=120), EOFError)
+        later = [p.submit("math", "sqrt", float(i)) for i in range(4)]
+        assert [f.result(timeout=120) for f in later] == [None] * 4
+        assert p.alive() == 1
+    finally:
+        p.close()
+
+
+def _layer_norm_kernels() -> list:
+    with FusionDefinition("pool_ln") as ln:
+        x = ln.define_tensor([-1, -1], F16)
+        w = ln.define_tensor([-1], F16)
+        ln.add_output(ln.ops.layer_norm(x, w, None, 1e-5))
+    meta = [
+        torch.empty(37, 1001, dtype=F16, device="meta"),
+        torch.empty(1001, dtype=F16, device="meta"),
+    ]
+    return ln.compile(meta, "h100", "triton")
+
+
+def test_a_worker_fills_the_cache_the_parent_loads(
+    pool: WorkerPool, triton_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workers compile a graph's kernels for an H100; the parent's warm-up, made the
+    same way (Triton's JIT, the same target and options), finds every binary in the
+    cache: no new cache entry appears."""
+    kernels = _layer_norm_kernels()
+    monkeypatch.setattr(precompile, "start_processes", lambda: pool)
+    before = _entries(triton_cache)
+    assert precompile._compile_in_workers(kernels) == len(kernels)
+    made = _entries(triton_cache) - before
+    assert made and all(list((triton_cache / d).glob("*.cubin")) for d in made)
+
+    # the parent, as it warms up on a GPU (its driver answering the same target)
+    from triton.runtime.driver import driver
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the generated module jit-compiled
+    active = driver._active
+    try:
+        precompile.worker_setup(H100)
+        for k in kernels:
+            s = k.plan
+            fin = (s.finalize_grid, s.finalize_threads // 32) if k.workspaces else None
+            precompile.warm_in_worker(
+                k.source, k.name, precompile.warmup_args(k), s.grid, s.num_warps, fin
+            )
+    finally:
+        driver._active = active
+    assert _entries(triton_cache) - before == made
+
+
+def test_kernels_warmed_before_skip_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel an earlier process warmed up into the same Triton cache is not sent to the
+    workers (nor are they started or waited for): the parent loads it from the cache."""
+    from fuser.config import config
+    from fuser.runtime.cache import store_entry
+
+    monkeypatch.setattr(config, "cache_dir", tmp_path)
+    monkeypatch.setattr(config, "disk_cache", True)
+    kernels = _layer_norm_kernels()
+
+    def no_pool() -> None:
+        raise AssertionError("the workers were asked")
+
+    for k in kernels:
+        store_entry("triton-warmed", precompile._warmed_key(k), {"name": k.name})
+    monkeypatch.setattr(precompile, "start_processes", no_pool)
+    assert precompile._compile_in_workers(kernels) == 0
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "another"))  # another cache
+    with pytest.raises(AssertionError, match="workers were asked"):
+        precompile._compile_in_workers(kernels)
