@@ -1,4 +1,5 @@
-"""Worker processes that compile Triton kernels into Triton's disk cache.
+"""Worker processes that compile Triton kernels into Triton's disk cache (the parent's side;
+runtime/compile_worker.py is the worker's).
 
 Triton compiles a kernel in Python (the AST walk, MLIR passes) with the GIL held for most
 of it, so the thread pool of precompile.py ran a graph's compilations one after another in
@@ -10,49 +11,31 @@ them on disk and only loads them. Workers only fill a cache: whatever one fails 
 the main process compiles itself, as it did before, and meets any error where it always
 did.
 
-Workers are plain subprocesses (`python -m fuser.runtime.compile_pool`), not
+Workers are plain subprocesses running compile_worker.py as a script, not
 multiprocessing's spawn or forkserver children: those import the parent's `__main__`
 again, which runs a user's training script a second time when it has no
 `if __name__ == "__main__"` guard; and fork is unsafe once CUDA and threads are up. A
-worker never touches the GPU: the Triton driver's device, stream and target queries are
-answered with the parent's target, so it makes no CUDA context (no GPU memory).
+worker imports Triton alone (ready in ~0.3 s) and never touches the GPU.
 
-Jobs are (function's module, function's name, arguments), pickled over the worker's
-stdin; the answer (None, or the error's text) comes back over its stdout. The pool starts
-when the first graph with CUDA inputs reaches the backend (fuser/dynamo/backend.py), so the
-workers import torch and Triton while AOTAutograd traces. config.compile_processes
-(FUSER_COMPILE_PROCESSES=0) turns them off.
+The pool starts when the first graph with CUDA inputs reaches the backend
+(fuser/dynamo/backend.py). config.compile_processes (FUSER_COMPILE_PROCESSES=0) turns it
+off.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-import pickle
 import queue
-import struct
 import subprocess
 import sys
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-_HEADER = struct.Struct("<Q")  # the byte length of a pickled message
+from fuser.runtime.compile_worker import receive, send
 
-
-def _send(stream: BinaryIO, obj: Any) -> None:
-    data = pickle.dumps(obj)
-    stream.write(_HEADER.pack(len(data)) + data)
-    stream.flush()
-
-
-def _receive(stream: BinaryIO) -> Any:
-    head = stream.read(_HEADER.size)
-    if len(head) < _HEADER.size:
-        raise EOFError("the compile worker exited")
-    (size,) = _HEADER.unpack(head)
-    return pickle.loads(stream.read(size))
+WORKER = Path(__file__).with_name("compile_worker.py")
 
 
 class WorkerPool:
@@ -64,13 +47,10 @@ class WorkerPool:
         self.jobs: queue.Queue = queue.Queue()
         self.procs: list[subprocess.Popen] = []
         self.closed = False
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])  # the folder holding `fuser`
-        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-        env["TRITON_INTERPRET"] = "0"  # workers compile, never interpret
+        env = dict(os.environ, TRITON_INTERPRET="0")  # workers compile, never interpret
         for i in range(n):
             proc = subprocess.Popen(
-                [sys.executable, "-m", "fuser.runtime.compile_pool"],
+                [sys.executable, str(WORKER)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -78,7 +58,7 @@ class WorkerPool:
             )
             self.procs.append(proc)
             if setup is not None:
-                _send(proc.stdin, setup)
+                send(proc.stdin, setup)
             t = threading.Thread(target=self._serve, args=(proc, setup is not None), daemon=True)
             t.name = f"fuser-compile-worker-{i}"
             t.start()
@@ -95,7 +75,7 @@ class WorkerPool:
         """Feed `proc` one job at a time; when it dies, fail its job and stop."""
         try:
             if setup:
-                _receive(proc.stdout)  # the setup's answer: the worker is ready
+                receive(proc.stdout)  # the setup's answer: the worker is ready
         except Exception:
             return self._retire(proc)
         while True:
@@ -105,8 +85,8 @@ class WorkerPool:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                _send(proc.stdin, job)
-                future.set_result(_receive(proc.stdout))
+                send(proc.stdin, job)
+                future.set_result(receive(proc.stdout))
             except Exception as e:
                 future.set_exception(e)
                 return self._retire(proc)
@@ -129,25 +109,3 @@ class WorkerPool:
         self.closed = True
         for _ in self.procs:
             self.jobs.put((None, None))
-
-
-def _serve_jobs(stdin: BinaryIO, stdout: BinaryIO) -> None:
-    """A worker's loop: run each job, answer None or the error's text."""
-    while True:
-        try:
-            module, function, args = _receive(stdin)
-        except EOFError:
-            return
-        try:
-            getattr(importlib.import_module(module), function)(*args)
-            answer = None
-        except BaseException as e:  # answered, not raised: the parent compiles it itself
-            answer = f"{type(e).__name__}: {e}"
-        _send(stdout, answer)
-
-
-if __name__ == "__main__":
-    # the protocol owns stdout: a print in a job would corrupt it, so jobs print to stderr
-    out = sys.stdout.buffer
-    sys.stdout = sys.stderr
-    _serve_jobs(sys.stdin.buffer, out)

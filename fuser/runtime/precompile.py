@@ -47,7 +47,7 @@ from fuser.runtime.cache import digest, load_entry, store_entry
 from fuser.runtime.compile_pool import WorkerPool
 from fuser.runtime.cuda_backend import device_arch
 from fuser.runtime.timing import KernelTime
-from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED, load_module
+from fuser.runtime.triton_backend import TRITON_OPTIONS, WARMED, load_module, source_file
 
 # NVRTC and ptxas are the slow part and run outside the GIL; more threads than cores
 # only queue. 8: Inductor's compile pool is sized by cores too, capped for memory.
@@ -182,58 +182,20 @@ def start_processes() -> WorkerPool | None:
 
                 t = driver.active.get_current_target()
                 target = (t.backend, t.arch, t.warp_size)
-                _pool = WorkerPool(workers(), setup=(__name__, "worker_setup", (target,)))
+                _pool = WorkerPool(workers(), setup=("compile_worker", "setup", (target,)))
             except Exception as e:  # no GPU driver, no subprocesses: threads as before
                 debug_print(1, f"[fuser] no compile worker processes ({e}); threads compile")
                 return None
         return _pool if _pool.alive() else None
 
 
-class _TargetOnly:
-    """Triton's driver as a compile worker needs it: the parent's target, device 0 and
-    stream 0, with no CUDA context made (nor a GPU needed: a CPU machine compiles too)."""
+def _encoded(args: list[Any]) -> list[Any]:
+    """warmup_args as a worker takes them: torch dtypes by name (workers import no torch)."""
+    import torch
 
-    def __init__(self, target: Any) -> None:
-        self.target = target
-
-    def get_current_target(self) -> Any:
-        return self.target
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, *_: Any) -> int:
-        return 0
-
-
-def worker_setup(target: tuple) -> None:
-    """Run once in each compile worker, ahead of its jobs."""
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
-    driver.set_active(_TargetOnly(GPUTarget(*target)))
-
-
-def warm_in_worker(
-    source: str, name: str, args: list, grid: Any, num_warps: int, finalize: tuple | None
-) -> None:
-    """A compile worker's job: what _warm_triton's block does for one kernel, leaving the
-    binaries (and their launchers) in Triton's disk cache."""
-    module = load_module(source, False)
-    compiled = [
-        getattr(module, name).warmup(*args, grid=grid, num_warps=num_warps, **TRITON_OPTIONS)
+    return [
+        ("dtype", str(a).removeprefix("torch.")) if isinstance(a, torch.dtype) else a for a in args
     ]
-    if finalize is not None:
-        fin_grid, fin_warps = finalize
-        fin = getattr(module, name + "_finalize")
-        compiled.append(fin.warmup(*args, grid=fin_grid, num_warps=fin_warps, **TRITON_OPTIONS))
-    try:
-        from triton.backends.nvidia.driver import CudaLauncher
-
-        for c in compiled:
-            CudaLauncher(c.src, c.metadata)
-    except Exception:  # no CUDA driver library here (a CPU machine): the parent builds them
-        pass
 
 
 def _warmed_key(k: Any) -> str:
@@ -257,26 +219,22 @@ def _compile_in_workers(kernels: list[Any]) -> int:
     pool = start_processes() if todo else None
     if pool is None:
         return 0
+    t0 = time.perf_counter()
     futures = []
     for k in todo:
         s = k.plan
         fin = (s.finalize_grid, s.finalize_threads // 32) if k.workspaces else None
-        futures.append(
-            pool.submit(
-                __name__,
-                "warm_in_worker",
-                k.source,
-                k.name,
-                warmup_args(k),
-                s.grid,
-                s.num_warps,
-                fin,
-            )
-        )
+        job = (str(source_file(k.source)), k.name, _encoded(warmup_args(k)), s.grid, s.num_warps)
+        futures.append(pool.submit("compile_worker", "warm", *job, fin, TRITON_OPTIONS))
     done, _ = wait_all(futures, timeout=POOL_WAIT_S)
     failed = [f for f in done if f.exception() is not None or f.result() is not None]
     for f in failed[:3]:
         debug_print(1, f"[fuser] compile worker: {f.exception() or f.result()}")
+    debug_print(
+        1,
+        f"[fuser] compile workers: {len(futures)} kernel(s) in {time.perf_counter() - t0:.2f}s"
+        f", {len(failed)} failed",
+    )
     return len(done) - len(failed)
 
 
@@ -328,6 +286,9 @@ def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
     for k, r in zip(kernels, results):
         if r is None and not isinstance(k, TemplateWarmup):
             store_entry("triton-warmed", _warmed_key(k), {"name": k.name})
+    debug_print(
+        1, f"[fuser] warm-up block: {len(kernels)} kernel(s) in {time.perf_counter() - t0:.2f}s"
+    )
     each = (time.perf_counter() - t0) / max(1, len(kernels))
     how = "warmed up (worker processes)" if in_workers else "warmed up (pool)"
     for k in kernels:  # Triton compiles them together: each is given an equal share

@@ -245,15 +245,22 @@ def device_problem(device_type: str) -> str | None:
     )
 
 
+def source_file(source: str) -> Path:
+    """The cache folder's file holding generated `source` (written if missing, truncated
+    or corrupt): Triton's JIT reads a kernel's source from its file."""
+    path = Path(cache_root()) / "triton" / f"k_{digest(source)}.py"
+    if not _holds(path, source.encode()):
+        atomic_write(path, source.encode())
+    return path
+
+
 def load_module(source: str, interpret: bool) -> Any:
     """The module of generated `source` (interpreted launches serialized, see above)."""
     key = (digest(source), interpret)
     with _lock:
         if key in _modules:
             return _modules[key]
-        path = Path(cache_root()) / "triton" / f"k_{key[0]}.py"
-        if not _holds(path, source.encode()):  # missing, truncated or corrupt: rebuild
-            atomic_write(path, source.encode())
+        path = source_file(source)
         name = f"fuser_generated_{key[0]}_{'interp' if interpret else 'jit'}"
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
