@@ -43,6 +43,7 @@ import torch
 from torch import fx
 
 from fuser.config import config
+from fuser.dynamo.ce_pad import padded_rows, padded_width
 from fuser.dynamo.support import draft_module
 
 aten = torch.ops.aten
@@ -93,10 +94,15 @@ class _Padder:
                 return self.graph.call_function(aten.t.default, (src,))
         key = (x, rows, cols)
         if key not in self.done:  # placed before its first use; later uses come after
+            # fuser::cross_entropy's aligned gradient: its own rows, gap zeroed (ce_pad.py)
+            width = None if rows else padded_width(x, cols)
             with self.graph.inserting_before(before):
-                self.done[key] = self.graph.call_function(
-                    aten.constant_pad_nd.default, (x, [0, cols, 0, rows], 0.0)
-                )
+                if width is not None:
+                    self.done[key] = self.graph.call_function(padded_rows, (x, width))
+                else:
+                    self.done[key] = self.graph.call_function(
+                        aten.constant_pad_nd.default, (x, [0, cols, 0, rows], 0.0)
+                    )
         return self.done[key]
 
 
