@@ -161,7 +161,8 @@ def _step_case(
     results = []
     for fn in (step, torch.compile(step, backend=backend)):
         x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
-        with torch.autograd.graph.saved_tensors_hooks(*hooks) if hooks else contextlib.nullcontext():
+        hooked = torch.autograd.graph.saved_tensors_hooks(*hooks) if hooks else None
+        with hooked or contextlib.nullcontext():
             loss = fn(x, w)
         scalar(loss).backward(retain_graph=retain)
         if retain:  # again, from the same saved gradient

@@ -33,6 +33,13 @@ forward graph is rewritten after AOTAutograd traced the backward (pad_mm.py pads
 head and propagates shapes again), and the backward is planned for the strides the saved
 gradient had when it was traced. The eager implementations return the layouts the fakes
 do, so a region that falls back to them hands on what the compiled graph expects.
+
+An aligned gradient's buffer spans whole rows: N * stride elements, the last row's gap
+included (runtime/buffers.py; empty_strided would stop at its last element), here, in
+the fakes, in cross_entropy_grad and wherever fuser allocates that layout. The gaps
+hold garbage (no kernel writes them), but they are the gradient's own: the backward's
+matmuls, padded to 16-byte K by pad_mm.py, read the gradient as [N, stride] rows in
+place, its gap columns zeroed first (ce_pad.py), instead of a padded copy.
 """
 
 from __future__ import annotations

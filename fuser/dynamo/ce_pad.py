@@ -33,6 +33,7 @@ second backward (retain_graph) would refuse it.
 from __future__ import annotations
 
 import operator
+
 import torch
 import torch.nn.functional as F
 from torch import fx

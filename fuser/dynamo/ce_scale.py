@@ -61,8 +61,9 @@ def scale_in_place(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
         up = upstream.to(grad.device)
         if grad.device.type != "cuda" and not bool(up != 1):
             return grad  # on the CPU the check is free; a GPU would synchronize for it
-        # in grad's own strides (its rows may be padded, ce_op.aligned): the call program
-        # resolves the views of this result with the layout its first call saw
+        # in grad's own strides (its rows may be padded, ce_op.aligned; whole rows, as
+        # ce_pad.py reads them): the call program resolves the views of this result with
+        # the layout its first call saw
         out = empty_whole(grad.shape, grad.stride(), grad.dtype, grad.device)
         return out.copy_(grad.float() * up.float())
     if grad.dim() != 2 or grad.stride(1) != 1 or grad.device.type != "cuda" or triton is None:
