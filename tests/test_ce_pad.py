@@ -233,3 +233,27 @@ def test_a_slice_of_wider_rows_is_padded_by_a_copy() -> None:
     (fw,) = [gr for c in backend.captures for gr in c.graphs]
     assert any("K 45 -> 48" in n for n in fw.matmuls_padded)
     assert not any(nd.target is padded_rows for nd in fw.module.graph.nodes)
+
+
+def test_the_gradient_plus_another_is_padded_by_a_copy() -> None:
+    """Logits that feed another loss too: their gradient is a sum, a new tensor whose
+    rows are not the cross-entropy's, so it is padded by a copy; gradients as eager's."""
+    g = torch.Generator().manual_seed(2)
+    x0, w0 = torch.randn(24, 32, generator=g), torch.randn(45, 32, generator=g) * 0.3
+    target = torch.randint(0, 45, (24,), generator=g)
+
+    def step(x, w):  # noqa: ANN001, ANN202
+        logits = (x.bfloat16() @ w.bfloat16().t()).float()
+        return F.cross_entropy(logits, target) + logits.square().mean() * 0.1
+
+    backend = FuserBackend(strict=True)
+    results = []
+    for fn in (step, torch.compile(step, backend=backend)):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        loss = fn(x, w)
+        loss.backward()
+        results.append((loss.detach(), x.grad, w.grad))
+    for a, b in zip(results[1], results[0]):
+        torch.testing.assert_close(a, b, atol=2e-2 * b.abs().max().item(), rtol=2e-2)
+    views, copies = _graph_pads(backend, 24, 48)
+    assert views == 0 and copies == 1
