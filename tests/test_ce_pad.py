@@ -32,6 +32,7 @@ from fuser.dynamo.ce_scale import scale_in_place
 from fuser.runtime.buffers import empty_whole, has_gap
 
 BF16 = torch.bfloat16
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the steps run on a GPU if any
 
 
 @pytest.fixture(autouse=True)
@@ -146,6 +147,7 @@ def _step_case(
     target = torch.randint(0, v, (24,), generator=g)
     target[[3, 10]] = -1
     weights = torch.rand(24, generator=g) + 0.5
+    x0, w0, target, weights = (t.to(DEVICE) for t in (x0, w0, target, weights))
 
     def step(x, w):  # noqa: ANN001, ANN202
         logits = x.bfloat16() @ w.bfloat16().t()
@@ -241,6 +243,7 @@ def test_the_gradient_plus_another_is_padded_by_a_copy() -> None:
     g = torch.Generator().manual_seed(2)
     x0, w0 = torch.randn(24, 32, generator=g), torch.randn(45, 32, generator=g) * 0.3
     target = torch.randint(0, 45, (24,), generator=g)
+    x0, w0, target = x0.to(DEVICE), w0.to(DEVICE), target.to(DEVICE)
 
     def step(x, w):  # noqa: ANN001, ANN202
         logits = (x.bfloat16() @ w.bfloat16().t()).float()

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+import fuser.dynamo.ce_op  # noqa: F401  (defines torch.ops.fuser.cross_entropy)
 from fuser.config import debug_print
 from fuser.dynamo.ce_scale import scale_in_place
 from fuser.dynamo.context import EXPLAINED
