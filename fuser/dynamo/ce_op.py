@@ -33,6 +33,13 @@ forward graph is rewritten after AOTAutograd traced the backward (pad_mm.py pads
 head and propagates shapes again), and the backward is planned for the strides the saved
 gradient had when it was traced. The eager implementations return the layouts the fakes
 do, so a region that falls back to them hands on what the compiled graph expects.
+
+An aligned gradient's buffer spans whole rows: N * stride elements, the last row's gap
+included (runtime/buffers.py; empty_strided would stop at its last element), here, in
+the fakes, in cross_entropy_grad and wherever fuser allocates that layout. The gaps
+hold garbage (no kernel writes them), but they are the gradient's own: the backward's
+matmuls, padded to 16-byte K by pad_mm.py, read the gradient as [N, stride] rows in
+place, its gap columns zeroed first (ce_pad.py), instead of a padded copy.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from fuser.runtime.buffers import empty_whole
 
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 REDUCTION_CODE = {v: k for k, v in _REDUCTIONS.items()}
@@ -53,10 +62,11 @@ def grad_row_stride(v: int, dtype: torch.dtype) -> int:
 
 
 def _empty_grad(logits: torch.Tensor, aligned: bool) -> torch.Tensor:
-    """An [N, V] buffer for the gradient of `logits`: rows 16-byte aligned, or contiguous."""
+    """An [N, V] buffer for the gradient of `logits`: rows 16-byte aligned, whole (the
+    last row's gap is the buffer's too: ce_pad.py), or contiguous."""
     n, v = logits.shape
     stride = grad_row_stride(v, logits.dtype) if aligned else v
-    return logits.new_empty_strided((n, v), (stride, 1))
+    return empty_whole((n, v), (stride, 1), logits.dtype, logits.device)
 
 
 def loss_dtype(logits: torch.Tensor, upcast: bool) -> torch.dtype:
@@ -113,8 +123,8 @@ def cross_entropy_grad(grad: torch.Tensor, grad_loss: torch.Tensor) -> torch.Ten
 
 
 def _like(grad: torch.Tensor) -> torch.Tensor:
-    """A buffer of grad's shape, dtype and strides (padded rows included)."""
-    return grad.new_empty_strided(grad.shape, grad.stride())
+    """A buffer of grad's shape, dtype and strides (padded rows included, whole)."""
+    return empty_whole(grad.shape, grad.stride(), grad.dtype, grad.device)
 
 
 @cross_entropy_grad.register_fake

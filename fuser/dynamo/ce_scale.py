@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from fuser.runtime.buffers import empty_whole
+
 try:  # Triton is what runs kernels here on a GPU; the CPU path does not need it
     import triton
     import triton.language as tl
@@ -59,9 +61,10 @@ def scale_in_place(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
         up = upstream.to(grad.device)
         if grad.device.type != "cuda" and not bool(up != 1):
             return grad  # on the CPU the check is free; a GPU would synchronize for it
-        # in grad's own strides (its rows may be padded, ce_op.aligned): the call program
-        # resolves the views of this result with the layout its first call saw
-        out = torch.empty_strided(grad.shape, grad.stride(), dtype=grad.dtype, device=grad.device)
+        # in grad's own strides (its rows may be padded, ce_op.aligned; whole rows, as
+        # ce_pad.py reads them): the call program resolves the views of this result with
+        # the layout its first call saw
+        out = empty_whole(grad.shape, grad.stride(), grad.dtype, grad.device)
         return out.copy_(grad.float() * up.float())
     if grad.dim() != 2 or grad.stride(1) != 1 or grad.device.type != "cuda" or triton is None:
         if grad.device.type == "cuda":  # an unusual layout: scaled out of place, no sync

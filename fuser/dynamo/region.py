@@ -16,6 +16,7 @@ from fuser.dynamo.support import describe, is_free, op_name
 from fuser.errors import FuserError, OutOfBoundsError
 from fuser.frontend.builder import Tensor
 from fuser.frontend.fusion_definition import FusionDefinition
+from fuser.runtime.buffers import empty_whole
 from fuser.runtime.cache import digest
 
 # identical regions (the same blocks of a transformer) share one FusionDefinition, so
@@ -303,7 +304,7 @@ class FusedRegion(torch.nn.Module):
             if kind == "fd":
                 seen.add(k)
             if stride is not None and t.stride() != stride:
-                t = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+                t = empty_whole(t.shape, stride, t.dtype, t.device).copy_(t)
             result.append(t)
         return tuple(result)
 

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from fuser.dynamo.ce_pad import mark_saved_gradients
+
 aten = torch.ops.aten
 
 # op -> positions of the operands it uses for their shape, dtype and device only
@@ -98,6 +100,7 @@ def partition_fn(kind: str) -> Any:
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         shape_only_operands(joint)
+        mark_saved_gradients(joint)  # the backward may read them as padded rows
         return inner(joint, joint_inputs, **kwargs)
 
     return partition

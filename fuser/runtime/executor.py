@@ -18,6 +18,7 @@ from fuser.ir.graph import Graph
 from fuser.passes import Pipeline, run_pipeline
 from fuser.plan.build import make_plan
 from fuser.runtime import timing
+from fuser.runtime.buffers import empty_whole
 from fuser.runtime.checks import poll
 from fuser.runtime.kernel import Kernel, device_problem
 from fuser.runtime.specs import ALIGN, build_specs, shape_of
@@ -139,7 +140,7 @@ class CompiledFusion:
 def _empty(shape: Any, stride: Any, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
     if stride is None:
         return torch.empty(shape, dtype=dtype, device=dev)
-    return torch.empty_strided(shape, stride, dtype=dtype, device=dev)
+    return empty_whole(shape, stride, dtype, dev)  # rows with gaps span whole rows
 
 
 def plan(

@@ -16,6 +16,7 @@ import torch
 from fuser.dynamo.program.memory import MemoryPlan
 from fuser.dynamo.program.step import Step
 from fuser.dynamo.program.steps import Names
+from fuser.runtime.buffers import empty_whole, has_gap, whole_extent
 from fuser.runtime.checks import poll
 from fuser.runtime.kernel import _launch_hooked
 
@@ -45,13 +46,23 @@ def _alloc(s: Step, names: Names, reused: str | None, fast_device: Any = None) -
         return [f"{name} = {reused}  # takes over the dead {reused}'s memory", f"del {reused}"]
     dt = names.bind(dtype, str(dtype).removeprefix("torch."))
     fast = _fast_empty()
+    gap = has_gap(shape, stride)  # rows further apart than their width: whole rows
     if fast is not None and fast_device is not None and device == fast_device:
         # the call checked that fast_device is the current device
-        return [f"{name} = {names.bind(fast, 'empty_cuda')}({shape}, {stride}, {dt})"]
-    empty = names.bind(torch.empty_strided, "empty_strided")
+        empty = names.bind(fast, "empty_cuda")
+        if not gap:
+            return [f"{name} = {empty}({shape}, {stride}, {dt})"]
+        # the storage of whole rows (runtime/buffers.py), the layout set on it (no view)
+        on = names.bind(torch._C._dynamo.guards._reinterpret_tensor, "reinterpret")
+        whole = f"{empty}(({whole_extent(shape, stride)},), (1,), {dt})"
+        return [f"{name} = {on}({whole}, {shape}, {stride}, 0)  # whole rows"]
     # each buffer on its region's device: a graph may hold tensors of several (a CPU
     # scalar tensor beside CUDA activations)
     dv = "dev" if device == names.globals.get("dev") else names.bind(device, f"dev_{device}")
+    if gap:
+        whole = names.bind(empty_whole, "empty_whole")
+        return [f"{name} = {whole}({shape}, {stride}, {dt}, {dv})  # runtime/buffers.py"]
+    empty = names.bind(torch.empty_strided, "empty_strided")
     return [f"{name} = {empty}({shape}, {stride}, dtype={dt}, device={dv})"]
 
 

@@ -19,6 +19,7 @@ from torch import fx
 
 from fuser.dynamo.program.segments import fresh_result, segment_steps
 from fuser.dynamo.program.step import Step
+from fuser.runtime.buffers import empty_whole
 from fuser.runtime.checks import check_args
 from fuser.runtime.cuda_backend import direct_launcher
 
@@ -30,7 +31,7 @@ def restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     """`t` with the strides ATen gives (a copy unless it has them already)."""
     if t.stride() == stride:
         return t
-    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+    return empty_whole(t.shape, stride, t.dtype, t.device).copy_(t)  # gaps: runtime/buffers.py
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
