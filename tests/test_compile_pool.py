@@ -15,7 +15,6 @@ from fuser.runtime import precompile
 from fuser.runtime.compile_pool import WorkerPool
 
 H100 = ("cuda", 90, 32)
-F16 = torch.float16
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +61,15 @@ def test_a_dead_worker_fails_its_job_and_the_other_goes_on(triton_cache: Path) -
 
 
 def _layer_norm_kernels() -> list:
+    """Kernels whose pointers mix dtypes (a worker once read one for another)."""
     with FusionDefinition("pool_ln") as ln:
-        x = ln.define_tensor([-1, -1], F16)
-        w = ln.define_tensor([-1], F16)
-        ln.add_output(ln.ops.layer_norm(x, w, None, 1e-5))
+        x = ln.define_tensor([-1, -1], torch.bfloat16)
+        w = ln.define_tensor([-1], torch.float32)
+        ln.add_output(ln.ops.cast(ln.ops.layer_norm(x, w, None, 1e-5), torch.bfloat16))
+        ln.add_output(ln.ops.sum(x, [1]))
     meta = [
-        torch.empty(37, 1001, dtype=F16, device="meta"),
-        torch.empty(1001, dtype=F16, device="meta"),
+        torch.empty(37, 1001, dtype=torch.bfloat16, device="meta"),
+        torch.empty(1001, dtype=torch.float32, device="meta"),
     ]
     return ln.compile(meta, "h100", "triton")
 
@@ -130,3 +131,31 @@ def test_kernels_warmed_before_skip_the_workers(
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "another"))  # another cache
     with pytest.raises(AssertionError, match="workers were asked"):
         precompile._compile_in_workers(kernels)
+
+
+def test_dtype_names_specialize_as_torch_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker makes of dtype names, Triton's JIT specializes exactly as the
+    parent's torch dtypes, call after call (stand-ins made afresh per call were once
+    read as an earlier call's dtypes: Triton remembers a dtype by its object)."""
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import MockTensor
+
+    from fuser.runtime import compile_worker
+    from fuser.runtime.triton_backend import TRITON_OPTIONS, load_module
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    active = driver._active
+    try:
+        compile_worker.setup(H100)
+        k = _layer_norm_kernels()[0]
+        fn = getattr(load_module(k.source, False), k.name)
+        n = len(precompile.warmup_args(k)) - 1  # pointers, then the row count
+        bf, f32 = torch.bfloat16, torch.float32
+        orders = [[bf, f32] * n, [f32, bf] * n, [bf, bf, f32] * n]
+        for args in [[*o[:n], 3] for o in orders] * 4:
+            binder = fn.device_caches[0][4]
+            want = binder(*map(MockTensor.wrap_dtype, args), num_warps=4, **TRITON_OPTIONS)[1]
+            named = compile_worker._arguments(precompile._encoded(args))
+            assert binder(*named, num_warps=4, **TRITON_OPTIONS)[1] == want
+    finally:
+        driver._active = active

@@ -64,6 +64,25 @@ def setup(target: tuple) -> None:
     from triton.runtime.driver import driver
 
     driver.set_active(_TargetOnly(GPUTarget(*target)))
+    # a first compilation sets up Triton's compiler (MLIR, the backend, ptxas's version)
+    # here, while the parent traces, instead of in the first job
+    try:
+        _first_kernel().warmup(_arguments([("dtype", "float32")])[0], 16, BLOCK=128, grid=(1,))
+    except Exception:
+        pass
+
+
+def _first_kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fuser_worker_first(x_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offsets, mask=offsets < n)
+        tl.store(x_ptr + offsets, x + 1, mask=offsets < n)
+
+    return fuser_worker_first
 
 
 class _DtypeName:
@@ -78,14 +97,22 @@ class _DtypeName:
     __repr__ = __str__
 
 
+# one stand-in per name, kept for the process's life: Triton's specialization remembers
+# a dtype object's text by the object's identity, as torch's dtypes (singletons) allow; a
+# fresh stand-in per call could take a dead one's address and be read as its dtype
+_dtypes: dict[str, _DtypeName] = {}
+
+
 def _arguments(args: list) -> list:
     """("dtype", "float16") -> a stand-in tensor of that dtype, as Triton's warmup makes
     of a torch dtype; other arguments as they are."""
     from triton.runtime.jit import MockTensor
 
+    def dtype(name: str) -> _DtypeName:
+        return _dtypes.setdefault(name, _DtypeName(name))
+
     return [
-        MockTensor(_DtypeName(a[1])) if isinstance(a, tuple) and a[:1] == ("dtype",) else a
-        for a in args
+        MockTensor(dtype(a[1])) if isinstance(a, tuple) and a[:1] == ("dtype",) else a for a in args
     ]
 
 
