@@ -18,8 +18,14 @@ again, which runs a user's training script a second time when it has no
 worker imports Triton alone (ready in ~0.3 s) and never touches the GPU.
 
 The pool starts when the first graph with CUDA inputs reaches the backend
-(fuser/dynamo/backend.py). config.compile_processes (FUSER_COMPILE_PROCESSES=0) turns it
-off.
+(fuser/dynamo/backend.py), where config.compile_processes (FUSER_COMPILE_PROCESSES=1)
+asks for it. It is off by default. Measured on an H100 host (GPT-2 124M B=16, cold caches,
+two runs each way in one lease, benchmarks/results/h100-2026-11-27-session10): the compile
+phase went from 5.04 and 5.09 s to 3.52 and 3.41 s, but the tracing beside the starting
+workers went from 5.67 and 4.44 s to 7.23 and 6.71 s, so the whole first step was slower
+(18.96 and 16.49 s against 16.84 and 15.11). Why tracing slows (the workers' start-up
+compile on a host whose cores are shared, or their imports) is not measured yet; starting
+them later, or fewer of them, is the next thing to try.
 """
 
 from __future__ import annotations

@@ -19,10 +19,11 @@ compiled by a pool of threads, and the first launches find them ready:
   same AsyncCompileMode block (runtime/gemm.warm_up: the arguments made from the graph's
   fake values as the call makes them from real ones).
 
-Before that block, Triton kernels are compiled in worker processes
-(runtime/compile_pool.py: Triton's compilation holds the GIL, so threads take turns),
-which leave the binaries and their C launchers in Triton's disk cache; the block then only
-loads them. A kernel a worker could not compile is compiled by the block as before.
+With config.compile_processes (FUSER_COMPILE_PROCESSES=1; off by default, see
+runtime/compile_pool.py for the measurement), Triton kernels are first compiled in worker
+processes (Triton's compilation holds the GIL, so threads take turns), which leave the
+binaries and their C launchers in Triton's disk cache; the block then only loads them. A
+kernel a worker could not compile is compiled by the block as before.
 
 A kernel that fails to compile here is left to its first launch, which raises the error
 where it always did. config.compile_workers (FUSER_COMPILE_WORKERS; 0 or 1: serial)
