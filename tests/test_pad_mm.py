@@ -118,6 +118,30 @@ def test_a_padded_result_returned_is_a_view_of_the_padded_rows(monkeypatch) -> N
         torch.testing.assert_close(y.view(-1, 45).sum(0), (x @ w).sum(0), atol=1e-4, rtol=1e-4)
 
 
+def test_returned_padded_result_can_be_modified_in_place() -> None:
+    """The returned padded rows are a tensor of their own, not a view made inside the
+    compiled function: a caller may write into them (`logits[:, banned] = -1e4`) and
+    backpropagate, as with eager's result (a view there raised autograd's error)."""
+    g = torch.Generator().manual_seed(7)
+    x0, w0 = torch.randn(20, 30, generator=g), torch.randn(45, 30, generator=g)
+
+    def head(x, w):
+        return torch.tanh(x) @ w.t()
+
+    compiled = torch.compile(head, backend=FuserBackend())
+    results = []
+    for fn in (head, compiled):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        y = fn(x, w)
+        y[:, 3] = -1e4
+        y.mul_(1.5)
+        (y.exp() * 0 + y.square()).mean().backward()
+        results.append((y.detach(), x.grad, w.grad))
+    assert results[1][0].stride() == (48, 1)
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
 def test_returned_padded_logits_take_an_eager_loss_and_its_backward() -> None:
     """The logits leave the compiled graph as padded rows; a loss computed on them in
     eager, outside the graph, sends its gradient back into the compiled backward: both

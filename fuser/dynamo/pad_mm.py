@@ -161,13 +161,24 @@ _VIEWS = {
 }  # fmt: skip
 
 
+def returned_alias(t: torch.Tensor) -> torch.Tensor:
+    """t's elements as a tensor of its own on t's storage, not a view: a graph's output
+    that autograd sees as a view made inside the compiled function cannot be modified in
+    place by the caller ("Output 0 of ... is a view and is being modified inplace"),
+    where eager's result, a tensor of its own, can (`logits[:, banned] = -inf`). The call
+    program's memory plan sees the shared storage (the fake values share it) and keeps
+    the padded buffer alive."""
+    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
 def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> None:
     """A graph output that is a padded result, or a view of one, is returned through
     views of its own, replayed from the padded result: shared with the fused region that
     reads the logits (the cross-entropy), the view would be one of that region's outputs,
     which the region then writes out (on an H100 GPT-2's cross-entropy kernel went from
-    2.5 ms to 10 ms that way). With `copy` (config.eager_output_strides) the views are
-    copied to eager's contiguous strides, so a caller's `.view(-1)` works."""
+    2.5 ms to 10 ms that way); the last of them is returned_alias's tensor. With `copy`
+    (config.eager_output_strides) the views are copied to eager's contiguous strides, so
+    a caller's `.view(-1)` works."""
     output = next(n for n in graph.nodes if n.op == "output")
     seen, stack, reach = set(), list(sliced), set()
     while stack:
@@ -204,7 +215,8 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
     def contiguous(i: int, arg: Any) -> Any:
         if isinstance(arg, fx.Node) and arg in reach and i not in saved:
             if not copy:
-                return own_views(arg)
+                with graph.inserting_before(output):
+                    return graph.call_function(returned_alias, (own_views(arg),))
             with graph.inserting_before(output):
                 return graph.call_function(
                     aten.clone.default,
