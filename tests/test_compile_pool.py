@@ -83,7 +83,7 @@ def test_a_worker_fills_the_cache_the_parent_loads(
     kernels = _layer_norm_kernels()
     monkeypatch.setattr(precompile, "start_processes", lambda: pool)
     before = _entries(triton_cache)
-    assert precompile._compile_in_workers(kernels) == len(kernels)
+    assert precompile._compile_in_workers(precompile._unwarmed(kernels)) == len(kernels)
     made = _entries(triton_cache) - before
     binaries = {d for d in made if list((triton_cache / d).glob("*.cubin"))}
     assert len(binaries) == len(kernels)  # (a GPU machine's workers build launchers too)
@@ -127,10 +127,12 @@ def test_kernels_warmed_before_skip_the_workers(
     for k in kernels:
         store_entry("triton-warmed", precompile._warmed_key(k), {"name": k.name})
     monkeypatch.setattr(precompile, "start_processes", no_pool)
-    assert precompile._compile_in_workers(kernels) == 0
+    assert precompile._unwarmed(kernels) == []
+    assert precompile._compile_in_workers(precompile._unwarmed(kernels)) == 0
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "another"))  # another cache
+    assert len(precompile._unwarmed(kernels)) == len(kernels)
     with pytest.raises(AssertionError, match="workers were asked"):
-        precompile._compile_in_workers(kernels)
+        precompile._compile_in_workers(precompile._unwarmed(kernels))
 
 
 def test_dtype_names_specialize_as_torch_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -206,17 +206,20 @@ def _warmed_key(k: Any) -> str:
     return digest(k.source, k.name, str(knobs.cache.dir))
 
 
-def _compile_in_workers(kernels: list[Any]) -> int:
-    """Compile `kernels` in the worker processes, waiting for all; returns how many the
-    workers compiled (0 without workers). Kernels an earlier process warmed up into the
-    same Triton cache are left to the block, which loads them: with warm caches the
-    workers are neither waited for nor asked."""
-    todo = [
+def _unwarmed(kernels: list[Any]) -> list[Any]:
+    """The kernels no earlier process warmed up into this Triton cache (templates aside:
+    their warm-up is a closure, which the block runs)."""
+    return [
         k
         for k in kernels
-        if not isinstance(k, TemplateWarmup)  # its warm-up is a closure: the block runs it
-        and load_entry("triton-warmed", _warmed_key(k)) is None
+        if not isinstance(k, TemplateWarmup) and load_entry("triton-warmed", _warmed_key(k)) is None
     ]
+
+
+def _compile_in_workers(todo: list[Any]) -> int:
+    """Compile `todo` (fuser Kernels) in the worker processes, waiting for all; returns
+    how many the workers compiled (0 without workers). With warm caches the block only
+    loads, and nothing is asked of the workers (_unwarmed leaves nothing to do)."""
     pool = start_processes() if todo else None
     if pool is None:
         return 0
@@ -247,7 +250,9 @@ def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
     results: list[Any] = []
     compiled: list[Any] = []  # what the warm-ups return: compiled kernels (or futures)
     t0 = time.perf_counter()
-    in_workers = _compile_in_workers(kernels) if n > 1 and len(kernels) > 1 else 0
+    # worker processes (config.compile_processes): only for kernels not warmed before
+    fresh = _unwarmed(kernels) if config.compile_processes and n > 1 and len(kernels) > 1 else []
+    in_workers = _compile_in_workers(fresh)
 
     def warm_all() -> None:
         for k in kernels:
@@ -284,8 +289,9 @@ def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
     else:
         warm_all()
     prebuild_launchers(compiled, n)
+    fresh_ids = {id(k) for k in fresh}
     for k, r in zip(kernels, results):
-        if r is None and not isinstance(k, TemplateWarmup):
+        if r is None and id(k) in fresh_ids:  # the next process's workers skip it
             store_entry("triton-warmed", _warmed_key(k), {"name": k.name})
     debug_print(
         1, f"[fuser] warm-up block: {len(kernels)} kernel(s) in {time.perf_counter() - t0:.2f}s"
