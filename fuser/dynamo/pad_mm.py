@@ -39,7 +39,8 @@ config.eager_output_strides (FUSER_EAGER_OUTPUT_STRIDES=1) returns a contiguous 
 instead, except of what AOTAutograd marks as saved for the backward.
 
 The rewritten graph's shapes are propagated again; if any node no longer accepts its
-inputs (a view that needs contiguity, say), the graph is left as it was.
+inputs (a view that needs contiguity, say), or an as_strided reads storage whose layout
+the pad changed (it would read the padded rows as eager's), the graph is left as it was.
 """
 
 from __future__ import annotations
@@ -178,7 +179,9 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
     which the region then writes out (on an H100 GPT-2's cross-entropy kernel went from
     2.5 ms to 10 ms that way); the last of them is returned_alias's tensor. With `copy`
     (config.eager_output_strides) the views are copied to eager's contiguous strides, so
-    a caller's `.view(-1)` works."""
+    a caller's `.view(-1)` works; the copy is returned_alias's tensor too (a 3-D copy
+    otherwise left the graph as a view of a 2-D one, which the caller could not modify
+    in place). A saved output that is also a returned one is the returned tensor."""
     output = next(n for n in graph.nodes if n.op == "output")
     seen, stack, reach = set(), list(sliced), set()
     while stack:
@@ -212,24 +215,33 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
                 copies[x] = graph.node_copy(x, lambda n: src if n is x.args[0] else n)
         return copies[x]
 
-    def contiguous(i: int, arg: Any) -> Any:
-        if isinstance(arg, fx.Node) and arg in reach and i not in saved:
+    returned: dict[fx.Node, fx.Node] = {}
+
+    def contiguous(arg: fx.Node) -> fx.Node:
+        with graph.inserting_before(output):
             if not copy:
-                with graph.inserting_before(output):
-                    return graph.call_function(returned_alias, (own_views(arg),))
-            with graph.inserting_before(output):
-                return graph.call_function(
-                    aten.clone.default,
-                    (own_views(arg),),
-                    {"memory_format": torch.contiguous_format},
-                )
-        return arg
+                return graph.call_function(returned_alias, (own_views(arg),))
+            copied = graph.call_function(
+                aten.clone.default, (own_views(arg),), {"memory_format": torch.contiguous_format}
+            )
+            return graph.call_function(returned_alias, (copied,))
 
     outs = output.args[0]
-    if isinstance(outs, (list, tuple)):
-        output.args = (type(outs)(contiguous(i, a) for i, a in enumerate(outs)),)
-    else:
-        output.args = (contiguous(0, outs),)
+    items = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    for i, arg in enumerate(items):
+        if isinstance(arg, fx.Node) and arg in reach and i not in saved:
+            if arg not in returned:  # `return l, l`: one tensor twice, as eager's
+                returned[arg] = contiguous(arg)
+            items[i] = returned[arg]
+    # a saved output that is a returned one is that same tensor, as in AOTAutograd's
+    # graph: one version counter, so the caller's in-place change of the returned logits
+    # makes the backward raise autograd's error, as eager's does, instead of reading the
+    # changed values through a tensor of its own on the same storage
+    items = [
+        returned.get(a, a) if i in saved and isinstance(a, fx.Node) else a
+        for i, a in enumerate(items)
+    ]
+    output.args = (type(outs)(items) if isinstance(outs, (list, tuple)) else items[0],)
 
 
 def _rewrite(graph: fx.Graph) -> list[str]:
@@ -270,6 +282,26 @@ def _rewrite(graph: fx.Graph) -> list[str]:
     return notes
 
 
+# ops that read their operand's storage by strides they are given, not the operand's
+_EXPLICIT_STRIDES = {aten.as_strided.default, aten.as_strided_scatter.default}
+
+
+def _layout(v: Any) -> tuple | None:
+    if not isinstance(v, torch.Tensor):
+        return None
+    return tuple(v.shape), v.stride(), v.storage_offset()
+
+
+def _reads_moved_storage(n: fx.Node, before: dict[fx.Node, tuple | None]) -> bool:
+    """Whether n reads its operand by explicit strides where the operand's layout is
+    new (a padded result, or a view of one): `logits.as_strided((T, 5), (V, 1))` would
+    read the padded rows as if they were V wide, shapes propagating all the same."""
+    if n.op != "call_function" or n.target not in _EXPLICIT_STRIDES:
+        return False
+    x = n.args[0]
+    return not isinstance(x, fx.Node) or before.get(x) is None or before[x] != _layout(_val(x))
+
+
 def pad_matmuls(gm: fx.GraphModule) -> list[str]:
     """Pad gm's large unaligned matmuls in place (see the module docstring); returns a
     note per padded matmul. gm is left unchanged when shapes no longer propagate."""
@@ -287,9 +319,12 @@ def pad_matmuls(gm: fx.GraphModule) -> list[str]:
     # the views that fed the old matmuls (grad.t() of the lm head's weight gradient) are
     # dead now; left in, they would make a fused region keep the unpadded tensor too
     trial.graph.eliminate_dead_code()
+    before = {n: _layout(_val(n)) for n in trial.graph.nodes}
     try:
         FakeTensorProp(trial, mode).propagate_dont_convert_inputs(*inputs)
     except Exception:  # a node that does not take the padded (strided) result
+        return []
+    if any(_reads_moved_storage(n, before) for n in trial.graph.nodes):
         return []
     gm.graph = trial.graph  # the setter regenerates gm's source (none for a draft)
     return notes
