@@ -307,3 +307,31 @@ def test_dynamic_batch_and_m_padded_gradients_held() -> None:
         for a, b in zip(got, want):
             _close(a, b, 2e-2)
             assert a[2].stride() == b[2].stride() and a[3].stride() == b[3].stride()
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_eager_output_strides_views_share_the_copy(monkeypatch, grad) -> None:  # noqa: ANN001
+    """FUSER_EAGER_OUTPUT_STRIDES=1 under no_grad: each returned view of the padded logits
+    was a contiguous copy of its own, so a write through `logits` was not seen through
+    `logits[:, :7]` or `logits.t()` (eager's are views of one tensor), and `logits.t()`
+    had a copy's strides, not eager's. Now one copy, the views replayed on it."""
+    monkeypatch.setattr(config, "eager_output_strides", True)
+    g = _gen(9)
+    x0, w0 = torch.randn(14, 32, generator=g), torch.randn(V, 32, generator=g) * 0.3
+
+    def fn(x, w):  # noqa: ANN001, ANN202
+        logits = x @ w.t()
+        return logits, logits[:, :7], logits.t()
+
+    compiled = torch.compile(fn, backend=FuserBackend())
+    results = []
+    for f in (fn, compiled):
+        with torch.set_grad_enabled(grad):
+            outs = f(x0.clone().requires_grad_(grad), w0)
+        strides = [o.stride() for o in outs]
+        logits, head, t = (o.detach() for o in outs)
+        logits[:, 0] = 3.0
+        t[2, 1] = 11.0
+        results.append((strides, torch.stack([head[5, 0], head[1, 2], t[0, 4], logits[1, 2]])))
+    assert results[1][0] == results[0][0]
+    _close((results[1][1],), (results[0][1],))

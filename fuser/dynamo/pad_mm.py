@@ -178,10 +178,11 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
     reads the logits (the cross-entropy), the view would be one of that region's outputs,
     which the region then writes out (on an H100 GPT-2's cross-entropy kernel went from
     2.5 ms to 10 ms that way); the last of them is returned_alias's tensor. With `copy`
-    (config.eager_output_strides) the views are copied to eager's contiguous strides, so
-    a caller's `.view(-1)` works; the copy is returned_alias's tensor too (a 3-D copy
-    otherwise left the graph as a view of a 2-D one, which the caller could not modify
-    in place). A saved output that is also a returned one is the returned tensor."""
+    (config.eager_output_strides) they are replayed from a contiguous copy of the padded
+    result instead: eager's strides, so a caller's `.view(-1)` works; returned through
+    returned_alias too (a view of the copy made inside the compiled function could not
+    be modified in place by the caller). A saved output that is also a returned one is
+    the returned tensor."""
     output = next(n for n in graph.nodes if n.op == "output")
     seen, stack, reach = set(), list(sliced), set()
     while stack:
@@ -205,7 +206,11 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
     def own_views(x: fx.Node) -> fx.Node:
         """x's views replayed from the padded result for the copy alone: sharing them,
         the copy would join the fused region that reads the logits (the cross-entropy)
-        and split that kernel's work in two (fuser/segmenter)."""
+        and split that kernel's work in two (fuser/segmenter). With `copy` the padded
+        result is copied once, contiguous as eager's, and the views are replayed on the
+        copy: eager's strides, and outputs that are views of one another share storage
+        as eager's do (a copy per output did not, where AOTAutograd does not regenerate
+        the views: under no_grad)."""
         if x not in copies:
             if x in sliced or not isinstance(x.args[0], fx.Node) or x.args[0] not in reach:
                 src = x.args[0]
@@ -213,25 +218,24 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
                 src = own_views(x.args[0])
             with graph.inserting_before(output):
                 copies[x] = graph.node_copy(x, lambda n: src if n is x.args[0] else n)
+                if copy and x in sliced:
+                    copies[x] = graph.call_function(
+                        aten.clone.default, (copies[x],), {"memory_format": torch.contiguous_format}
+                    )
         return copies[x]
 
     returned: dict[fx.Node, fx.Node] = {}
 
-    def contiguous(arg: fx.Node) -> fx.Node:
+    def returned_tensor(arg: fx.Node) -> fx.Node:
         with graph.inserting_before(output):
-            if not copy:
-                return graph.call_function(returned_alias, (own_views(arg),))
-            copied = graph.call_function(
-                aten.clone.default, (own_views(arg),), {"memory_format": torch.contiguous_format}
-            )
-            return graph.call_function(returned_alias, (copied,))
+            return graph.call_function(returned_alias, (own_views(arg),))
 
     outs = output.args[0]
     items = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     for i, arg in enumerate(items):
         if isinstance(arg, fx.Node) and arg in reach and i not in saved:
             if arg not in returned:  # `return l, l`: one tensor twice, as eager's
-                returned[arg] = contiguous(arg)
+                returned[arg] = returned_tensor(arg)
             items[i] = returned[arg]
     # a saved output that is a returned one is that same tensor, as in AOTAutograd's
     # graph: one version counter, so the caller's in-place change of the returned logits
