@@ -39,7 +39,8 @@ config.eager_output_strides (FUSER_EAGER_OUTPUT_STRIDES=1) returns a contiguous 
 instead, except of what AOTAutograd marks as saved for the backward.
 
 The rewritten graph's shapes are propagated again; if any node no longer accepts its
-inputs (a view that needs contiguity, say), the graph is left as it was.
+inputs (a view that needs contiguity, say), or an as_strided reads storage whose layout
+the pad changed (it would read the padded rows as eager's), the graph is left as it was.
 """
 
 from __future__ import annotations
@@ -177,8 +178,11 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
     reads the logits (the cross-entropy), the view would be one of that region's outputs,
     which the region then writes out (on an H100 GPT-2's cross-entropy kernel went from
     2.5 ms to 10 ms that way); the last of them is returned_alias's tensor. With `copy`
-    (config.eager_output_strides) the views are copied to eager's contiguous strides, so
-    a caller's `.view(-1)` works."""
+    (config.eager_output_strides) they are replayed from a contiguous copy of the padded
+    result instead: eager's strides, so a caller's `.view(-1)` works; returned through
+    returned_alias too (a view of the copy made inside the compiled function could not
+    be modified in place by the caller). A saved output that is also a returned one is
+    the returned tensor."""
     output = next(n for n in graph.nodes if n.op == "output")
     seen, stack, reach = set(), list(sliced), set()
     while stack:
@@ -202,7 +206,11 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
     def own_views(x: fx.Node) -> fx.Node:
         """x's views replayed from the padded result for the copy alone: sharing them,
         the copy would join the fused region that reads the logits (the cross-entropy)
-        and split that kernel's work in two (fuser/segmenter)."""
+        and split that kernel's work in two (fuser/segmenter). With `copy` the padded
+        result is copied once, contiguous as eager's, and the views are replayed on the
+        copy: eager's strides, and outputs that are views of one another share storage
+        as eager's do (a copy per output did not, where AOTAutograd does not regenerate
+        the views: under no_grad)."""
         if x not in copies:
             if x in sliced or not isinstance(x.args[0], fx.Node) or x.args[0] not in reach:
                 src = x.args[0]
@@ -210,26 +218,34 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
                 src = own_views(x.args[0])
             with graph.inserting_before(output):
                 copies[x] = graph.node_copy(x, lambda n: src if n is x.args[0] else n)
+                if copy and x in sliced:
+                    copies[x] = graph.call_function(
+                        aten.clone.default, (copies[x],), {"memory_format": torch.contiguous_format}
+                    )
         return copies[x]
 
-    def contiguous(i: int, arg: Any) -> Any:
-        if isinstance(arg, fx.Node) and arg in reach and i not in saved:
-            if not copy:
-                with graph.inserting_before(output):
-                    return graph.call_function(returned_alias, (own_views(arg),))
-            with graph.inserting_before(output):
-                return graph.call_function(
-                    aten.clone.default,
-                    (own_views(arg),),
-                    {"memory_format": torch.contiguous_format},
-                )
-        return arg
+    returned: dict[fx.Node, fx.Node] = {}
+
+    def returned_tensor(arg: fx.Node) -> fx.Node:
+        with graph.inserting_before(output):
+            return graph.call_function(returned_alias, (own_views(arg),))
 
     outs = output.args[0]
-    if isinstance(outs, (list, tuple)):
-        output.args = (type(outs)(contiguous(i, a) for i, a in enumerate(outs)),)
-    else:
-        output.args = (contiguous(0, outs),)
+    items = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    for i, arg in enumerate(items):
+        if isinstance(arg, fx.Node) and arg in reach and i not in saved:
+            if arg not in returned:  # `return l, l`: one tensor twice, as eager's
+                returned[arg] = returned_tensor(arg)
+            items[i] = returned[arg]
+    # a saved output that is a returned one is that same tensor, as in AOTAutograd's
+    # graph: one version counter, so the caller's in-place change of the returned logits
+    # makes the backward raise autograd's error, as eager's does, instead of reading the
+    # changed values through a tensor of its own on the same storage
+    items = [
+        returned.get(a, a) if i in saved and isinstance(a, fx.Node) else a
+        for i, a in enumerate(items)
+    ]
+    output.args = (type(outs)(items) if isinstance(outs, (list, tuple)) else items[0],)
 
 
 def _rewrite(graph: fx.Graph) -> list[str]:
@@ -270,6 +286,26 @@ def _rewrite(graph: fx.Graph) -> list[str]:
     return notes
 
 
+# ops that read their operand's storage by strides they are given, not the operand's
+_EXPLICIT_STRIDES = {aten.as_strided.default, aten.as_strided_scatter.default}
+
+
+def _layout(v: Any) -> tuple | None:
+    if not isinstance(v, torch.Tensor):
+        return None
+    return tuple(v.shape), v.stride(), v.storage_offset()
+
+
+def _reads_moved_storage(n: fx.Node, before: dict[fx.Node, tuple | None]) -> bool:
+    """Whether n reads its operand by explicit strides where the operand's layout is
+    new (a padded result, or a view of one): `logits.as_strided((T, 5), (V, 1))` would
+    read the padded rows as if they were V wide, shapes propagating all the same."""
+    if n.op != "call_function" or n.target not in _EXPLICIT_STRIDES:
+        return False
+    x = n.args[0]
+    return not isinstance(x, fx.Node) or before.get(x) is None or before[x] != _layout(_val(x))
+
+
 def pad_matmuls(gm: fx.GraphModule) -> list[str]:
     """Pad gm's large unaligned matmuls in place (see the module docstring); returns a
     note per padded matmul. gm is left unchanged when shapes no longer propagate."""
@@ -287,9 +323,12 @@ def pad_matmuls(gm: fx.GraphModule) -> list[str]:
     # the views that fed the old matmuls (grad.t() of the lm head's weight gradient) are
     # dead now; left in, they would make a fused region keep the unpadded tensor too
     trial.graph.eliminate_dead_code()
+    before = {n: _layout(_val(n)) for n in trial.graph.nodes}
     try:
         FakeTensorProp(trial, mode).propagate_dont_convert_inputs(*inputs)
     except Exception:  # a node that does not take the padded (strided) result
+        return []
+    if any(_reads_moved_storage(n, before) for n in trial.graph.nodes):
         return []
     gm.graph = trial.graph  # the setter regenerates gm's source (none for a draft)
     return notes
