@@ -172,7 +172,7 @@ def returned_alias(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
 
-def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> None:
+def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> list[int]:
     """A graph output that is a padded result, or a view of one, is returned through
     views of its own, replayed from the padded result: shared with the fused region that
     reads the logits (the cross-entropy), the view would be one of that region's outputs,
@@ -193,7 +193,7 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
         reach.add(x)
         stack += [u for u in x.users if u.op == "call_function" and u.target in _VIEWS]
     if not any(x in reach for x in output.all_input_nodes):
-        return
+        return []
 
     # AOTAutograd labels a forward graph's outputs: those saved for the backward reach
     # only fuser's own backward graph, which takes any strides, so they keep the padded
@@ -246,6 +246,7 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> Non
         for i, a in enumerate(items)
     ]
     output.args = (type(outs)(items) if isinstance(outs, (list, tuple)) else items[0],)
+    return [i for i, a in enumerate(items) if i not in saved and a in returned.values()]
 
 
 def _rewrite(graph: fx.Graph) -> list[str]:
@@ -282,7 +283,17 @@ def _rewrite(graph: fx.Graph) -> list[str]:
         )
         notes.append(f"{n.name}: {m}x{k}x{n_} padded ({grown}) for cuBLAS's aligned kernels")
     if sliced:
-        _own_output_views(graph, sliced, copy=config.eager_output_strides)
+        copy = config.eager_output_strides
+        returned = _own_output_views(graph, sliced, copy=copy)
+        if returned:
+            where = ", ".join(str(i) for i in returned)
+            notes.append(
+                f"graph output(s) {where}: a padded result, returned as a contiguous copy "
+                "(FUSER_EAGER_OUTPUT_STRIDES=1)"
+                if copy
+                else f"graph output(s) {where}: a padded result, returned in its padded rows "
+                "(eager's stride order, no copy; `.view(-1)` needs FUSER_EAGER_OUTPUT_STRIDES=1)"
+            )
     return notes
 
 
