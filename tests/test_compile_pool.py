@@ -161,3 +161,18 @@ def test_dtype_names_specialize_as_torch_dtypes(monkeypatch: pytest.MonkeyPatch)
             assert binder(*named, num_warps=4, **TRITON_OPTIONS)[1] == want
     finally:
         driver._active = active
+
+
+def test_when_every_worker_dies_queued_jobs_fail_at_once(triton_cache: Path) -> None:
+    """Jobs queued behind workers that all died are failed (their waiters would wait for
+    nothing), and later submissions fail at once."""
+    p = WorkerPool(1)
+    try:
+        dead = p.submit("os", "_exit", 3)
+        stranded = [p.submit("math", "sqrt", 1.0) for _ in range(3)]
+        assert isinstance(dead.exception(timeout=120), EOFError)
+        for f in stranded:
+            assert "stopped" in str(f.exception(timeout=120))
+        assert "closed" in str(p.submit("math", "sqrt", 1.0).exception(timeout=1))
+    finally:
+        p.close()

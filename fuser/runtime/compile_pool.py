@@ -53,6 +53,8 @@ class WorkerPool:
         self.jobs: queue.Queue = queue.Queue()
         self.procs: list[subprocess.Popen] = []
         self.closed = False
+        self._lock = threading.Lock()
+        self._serving = n  # server threads still feeding a worker
         env = dict(os.environ, TRITON_INTERPRET="0")  # workers compile, never interpret
         for i in range(n):
             proc = subprocess.Popen(
@@ -71,10 +73,11 @@ class WorkerPool:
 
     def submit(self, module: str, function: str, *args: Any) -> Future:
         future: Future = Future()
-        if self.closed:
-            future.set_exception(RuntimeError("the compile pool is closed"))
-        else:
-            self.jobs.put((future, (module, function, args)))
+        with self._lock:
+            if self.closed or not self._serving:
+                future.set_exception(RuntimeError("the compile pool is closed"))
+            else:
+                self.jobs.put((future, (module, function, args)))
         return future
 
     def _serve(self, proc: subprocess.Popen, setup: bool) -> None:
@@ -98,6 +101,8 @@ class WorkerPool:
                 return self._retire(proc)
 
     def _retire(self, proc: subprocess.Popen) -> None:
+        """Stop `proc`; the last server to stop fails the jobs still queued (nobody would
+        ever take them: their waiters would wait for nothing)."""
         try:
             proc.stdin.close()
         except Exception:
@@ -106,6 +111,16 @@ class WorkerPool:
             proc.wait(timeout=5)
         except Exception:
             proc.kill()
+        with self._lock:
+            self._serving -= 1
+            last = self._serving == 0
+        while last:
+            try:
+                future, _ = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            if future is not None and future.set_running_or_notify_cancel():
+                future.set_exception(RuntimeError("every compile worker has stopped"))
 
     def alive(self) -> int:
         """How many workers are still running."""
