@@ -48,3 +48,16 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setattr(cuda_backend, "EMULATE_ON_CPU", True)
     monkeypatch.setattr(config, "backend", request.param)
     return request.param
+
+
+@pytest.fixture
+def pad_every_matmul(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fuser/dynamo/pad_mm.py pads any unaligned matmul, however small (tests' shapes are
+    far under its thresholds), each test with Dynamo's caches fresh."""
+    from fuser.dynamo import pad_mm
+
+    monkeypatch.setattr(pad_mm, "MIN_MACS", 0)
+    monkeypatch.setattr(pad_mm, "MIN_PADDED_DIM", 1)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -11,20 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from pad_helpers import head_both_ways, tanh_head
 
 from fuser.config import config
-from fuser.dynamo import FuserBackend, pad_mm
+from fuser.dynamo import FuserBackend
 
 V = 45  # an odd vocabulary: fp32 rows padded to 48, bf16 ones to 48
 
 
-@pytest.fixture(autouse=True)
-def _small_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pad_mm, "MIN_MACS", 0)
-    monkeypatch.setattr(pad_mm, "MIN_PADDED_DIM", 1)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("pad_every_matmul")  # conftest.py
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -88,18 +83,12 @@ def test_eager_output_strides_result_can_be_modified_in_place(monkeypatch) -> No
     g = _gen(1)
     x0, w0 = torch.randn(2, 7, 30, generator=g), torch.randn(V, 30, generator=g) * 0.3
 
-    def head(x, w):  # noqa: ANN001, ANN202
-        return torch.tanh(x) @ w.t()
-
-    compiled = torch.compile(head, backend=FuserBackend())
-    results = []
-    for fn in (head, compiled):
-        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
-        y = fn(x, w)
+    def use(y: torch.Tensor) -> None:
         y[:, 0, 3] = -5.0
         y[..., :4].mul_(2)
         y.square().sum().backward()
-        results.append((y.detach(), x.grad, w.grad))
+
+    results = head_both_ways(x0, w0, use)
     assert results[1][0].stride() == (315, 45, 1) and results[1][0]._base is None
     _close(results[1], results[0])
 
@@ -165,18 +154,14 @@ def test_view_of_the_whole_padded_result_raises_a_clear_error(monkeypatch) -> No
     result; with FUSER_EAGER_OUTPUT_STRIDES=1 it works."""
     g = _gen(4)
     x, w = torch.randn(2, 7, 30, generator=g), torch.randn(V, 30, generator=g)
-
-    def head(x, w):  # noqa: ANN001, ANN202
-        return torch.tanh(x) @ w.t()
-
-    y = torch.compile(head, backend=FuserBackend())(x, w)
+    y = torch.compile(tanh_head, backend=FuserBackend())(x, w)
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         y.view(-1)
-    _close((y.reshape(-1),), (head(x, w).view(-1),))
+    _close((y.reshape(-1),), (tanh_head(x, w).view(-1),))
     torch._dynamo.reset()
     monkeypatch.setattr(config, "eager_output_strides", True)
-    y = torch.compile(head, backend=FuserBackend())(x, w)
-    _close((y.view(-1),), (head(x, w).view(-1),))
+    y = torch.compile(tanh_head, backend=FuserBackend())(x, w)
+    _close((y.view(-1),), (tanh_head(x, w).view(-1),))
 
 
 def test_outputs_held_across_calls_and_read_by_a_second_graph() -> None:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import fuser
-from fuser.dynamo import FuserBackend, pad_mm
+from fuser.dynamo import FuserBackend
 from fuser.dynamo.ce_op import grad_row_stride
 from fuser.dynamo.ce_pad import padded_rows
 from fuser.dynamo.ce_scale import scale_in_place
@@ -35,13 +35,7 @@ BF16 = torch.bfloat16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the steps run on a GPU if any
 
 
-@pytest.fixture(autouse=True)
-def _small_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pad_mm, "MIN_MACS", 0)
-    monkeypatch.setattr(pad_mm, "MIN_PADDED_DIM", 1)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("pad_every_matmul")  # conftest.py
 
 
 def _gap(t: torch.Tensor, width: int) -> torch.Tensor:

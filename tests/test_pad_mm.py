@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pad_helpers import head_both_ways
 
 import fuser
 from fuser.config import config
@@ -14,13 +15,7 @@ from fuser.dynamo import FuserBackend, pad_mm
 torch.set_default_dtype(torch.float32)
 
 
-@pytest.fixture(autouse=True)
-def _small_thresholds(monkeypatch):
-    monkeypatch.setattr(pad_mm, "MIN_MACS", 0)
-    monkeypatch.setattr(pad_mm, "MIN_PADDED_DIM", 1)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("pad_every_matmul")  # conftest.py
 
 
 def _padded_notes(backend: FuserBackend) -> list[str]:
@@ -127,18 +122,12 @@ def test_returned_padded_result_can_be_modified_in_place() -> None:
     g = torch.Generator().manual_seed(7)
     x0, w0 = torch.randn(20, 30, generator=g), torch.randn(45, 30, generator=g)
 
-    def head(x, w):
-        return torch.tanh(x) @ w.t()
-
-    compiled = torch.compile(head, backend=FuserBackend())
-    results = []
-    for fn in (head, compiled):
-        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
-        y = fn(x, w)
+    def use(y: torch.Tensor) -> None:
         y[:, 3] = -1e4
         y.mul_(1.5)
         (y.exp() * 0 + y.square()).mean().backward()
-        results.append((y.detach(), x.grad, w.grad))
+
+    results = head_both_ways(x0, w0, use)
     assert results[1][0].stride() == (48, 1)
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
@@ -152,17 +141,11 @@ def test_returned_padded_logits_take_an_eager_loss_and_its_backward() -> None:
     x0, w0 = torch.randn(3, 7, 30, generator=g), torch.randn(61, 30, generator=g) * 0.2
     target = torch.randint(0, 61, (21,), generator=g)
 
-    def head(x, w):
-        return torch.tanh(x) @ w.t()
-
-    compiled = torch.compile(head, backend=FuserBackend())
-    results = []
-    for fn in (head, compiled):
-        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
-        logits = fn(x, w)
+    def use(logits: torch.Tensor) -> None:
         loss = torch.nn.functional.cross_entropy(logits.view(-1, 61), target)
         (loss + logits[:, 1:, :5].square().mean()).backward()
-        results.append((logits.detach(), x.grad, w.grad))
+
+    results = head_both_ways(x0, w0, use)
     assert results[1][0].stride()[-1] == 1
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
