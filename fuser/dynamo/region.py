@@ -16,7 +16,7 @@ from fuser.dynamo.support import describe, is_free, op_name
 from fuser.errors import FuserError, OutOfBoundsError
 from fuser.frontend.builder import Tensor
 from fuser.frontend.fusion_definition import FusionDefinition
-from fuser.runtime.buffers import empty_whole
+from fuser.runtime.buffers import restride
 from fuser.runtime.cache import digest
 
 # identical regions (the same blocks of a transformer) share one FusionDefinition, so
@@ -303,8 +303,8 @@ class FusedRegion(torch.nn.Module):
                 t = t.clone()
             if kind == "fd":
                 seen.add(k)
-            if stride is not None and t.stride() != stride:
-                t = empty_whole(t.shape, stride, t.dtype, t.device).copy_(t)
+            if stride is not None:
+                t = restride(t, stride)
             result.append(t)
         return tuple(result)
 

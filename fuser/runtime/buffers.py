@@ -47,3 +47,11 @@ def empty_whole(
         return torch.empty_strided(shape, stride, dtype=dtype, device=device)
     storage = torch.empty(extent, dtype=dtype, device=device).untyped_storage()
     return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, stride)
+
+
+def restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """`t` with these strides: itself when it has them, else a copy (whole rows where the
+    layout has gaps). Called per call by call programs and fused regions: no conversions."""
+    if t.stride() == stride:
+        return t
+    return empty_whole(t.shape, stride, t.dtype, t.device).copy_(t)

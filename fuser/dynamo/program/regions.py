@@ -14,24 +14,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import fx
 
 from fuser.dynamo.program.segments import fresh_result, segment_steps
 from fuser.dynamo.program.step import Step
-from fuser.runtime.buffers import empty_whole
+from fuser.runtime.buffers import restride  # the strides ATen gives
 from fuser.runtime.checks import check_args
 from fuser.runtime.cuda_backend import direct_launcher
 
 if TYPE_CHECKING:
     from fuser.dynamo.program.steps import StepBuilder
-
-
-def restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
-    """`t` with the strides ATen gives (a copy unless it has them already)."""
-    if t.stride() == stride:
-        return t
-    return empty_whole(t.shape, stride, t.dtype, t.device).copy_(t)  # gaps: runtime/buffers.py
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
