@@ -128,23 +128,15 @@ def _module(path: str) -> Any:
     return _modules[path]
 
 
-def warm(
-    path: str,
-    name: str,
-    args: list,
-    grid: Any,
-    num_warps: int,
-    finalize: tuple | None,
-    options: dict,
-) -> None:
-    """Compile kernel `name` of the generated source file at `path` (and its
-    `<name>_finalize` when `finalize` is (grid, warps)) for `args`, as the parent's
-    warm-up will, then build each one's C launcher; both land in Triton's disk cache."""
+def warm(path: str, calls: list, args: list, options: dict) -> None:
+    """Compile the functions of the generated source file at `path` that `calls` names,
+    as (function, grid, warps), for `args`, as the parent's warm-up will, then build each
+    one's C launcher; both land in Triton's disk cache."""
     module, args = _module(path), _arguments(args)
-    compiled = [getattr(module, name).warmup(*args, grid=grid, num_warps=num_warps, **options)]
-    if finalize is not None:
-        fin = getattr(module, name + "_finalize")
-        compiled.append(fin.warmup(*args, grid=finalize[0], num_warps=finalize[1], **options))
+    compiled = [
+        getattr(module, fn).warmup(*args, grid=grid, num_warps=warps, **options)
+        for fn, grid, warps in calls
+    ]
     try:
         from triton.backends.nvidia.driver import CudaLauncher
 

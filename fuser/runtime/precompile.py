@@ -165,6 +165,17 @@ def warmup_args(k: Any) -> list[Any]:
     return [*args, k.spec.rows]
 
 
+def warm_calls(k: Any) -> list[tuple[str, Any, int]]:
+    """The launches a kernel's warm-up compiles, as (function, grid, warps): the kernel,
+    then its finalize where it has workspaces. The thread block and the workers both
+    warm these."""
+    s = k.plan
+    calls = [(k.name, s.grid, s.num_warps)]
+    if k.workspaces:
+        calls.append((k.name + "_finalize", s.finalize_grid, s.finalize_threads // 32))
+    return calls
+
+
 _pool: WorkerPool | None = None
 _pool_lock = threading.Lock()
 POOL_WAIT_S = 600.0  # a worker that takes longer is not waited for: the block compiles it
@@ -226,10 +237,8 @@ def _compile_in_workers(todo: list[Any]) -> int:
     t0 = time.perf_counter()
     futures = []
     for k in todo:
-        s = k.plan
-        fin = (s.finalize_grid, s.finalize_threads // 32) if k.workspaces else None
-        job = (str(source_file(k.source)), k.name, _encoded(warmup_args(k)), s.grid, s.num_warps)
-        futures.append(pool.submit("compile_worker", "warm", *job, fin, TRITON_OPTIONS))
+        job = (str(source_file(k.source)), warm_calls(k), _encoded(warmup_args(k)))
+        futures.append(pool.submit("compile_worker", "warm", *job, TRITON_OPTIONS))
     done, _ = wait_all(futures, timeout=POOL_WAIT_S)
     failed = [f for f in done if f.exception() is not None or f.result() is not None]
     for f in failed[:3]:
@@ -261,20 +270,11 @@ def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
                     k.warm()  # adds its source to WARMED itself
                     results.append(None)
                     continue
-                module = load_module(k.source, False)
-                s, args = k.plan, warmup_args(k)
-                fn = getattr(module, k.name)
-                compiled.append(
-                    fn.warmup(*args, grid=s.grid, num_warps=s.num_warps, **TRITON_OPTIONS)
-                )
-                if k.workspaces:
-                    fin = getattr(module, k.name + "_finalize")
+                module, args = load_module(k.source, False), warmup_args(k)
+                for fn, grid, warps in warm_calls(k):
                     compiled.append(
-                        fin.warmup(
-                            *args,
-                            grid=k.plan.finalize_grid,
-                            num_warps=k.plan.finalize_threads // 32,
-                            **TRITON_OPTIONS,
+                        getattr(module, fn).warmup(
+                            *args, grid=grid, num_warps=warps, **TRITON_OPTIONS
                         )
                     )
                 WARMED.add(k.source)
@@ -297,9 +297,9 @@ def _warm_triton(kernels: list[Any], n: int, ledgers: list) -> list[Any]:
         1, f"[fuser] warm-up block: {len(kernels)} kernel(s) in {time.perf_counter() - t0:.2f}s"
     )
     each = (time.perf_counter() - t0) / max(1, len(kernels))
-    how = "warmed up (worker processes)" if in_workers else "warmed up (pool)"
     for k in kernels:  # Triton compiles them together: each is given an equal share
-        timing.kernel(KernelTime(k.name, "triton", how, each), ledgers)
+        how = "warmed up (worker processes)" if in_workers and id(k) in fresh_ids else None
+        timing.kernel(KernelTime(k.name, "triton", how or "warmed up (pool)", each), ledgers)
     return results
 
 
