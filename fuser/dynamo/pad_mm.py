@@ -30,8 +30,9 @@ matmuls the [N, K'] rows as a view. As a copy it was 1.28 ms of a GPT-2 124M B=1
 on an H100 (a 1.6 GB read and write). Any other tensor is padded by a copy: its gap, if
 it has one, may hold data (a slice of wider rows).
 
-A graph output that is a padded result (or a view of one) is returned as that view of
-the padded rows: eager's stride order, not eager's strides, as Inductor returns its own
+A graph output that is a padded result (or a view of one) is returned in the padded
+rows (a tensor of its own on their storage, returned_alias): eager's stride order, not
+eager's strides, as Inductor returns its own
 padded matmuls (GPT-2 124M B=16 at V=50257: the returned logits' copy was 1.32 ms a step
 on an H100). A caller's `.view(-1, V)`, `.float()`, slicing and eager autograd through it
 work; a `.view(-1)` of the whole tensor does not (it needs contiguous rows), and
@@ -204,13 +205,13 @@ def _own_output_views(graph: fx.Graph, sliced: list[fx.Node], copy: bool) -> lis
     copies: dict[fx.Node, fx.Node] = {}
 
     def own_views(x: fx.Node) -> fx.Node:
-        """x's views replayed from the padded result for the copy alone: sharing them,
-        the copy would join the fused region that reads the logits (the cross-entropy)
-        and split that kernel's work in two (fuser/segmenter). With `copy` the padded
-        result is copied once, contiguous as eager's, and the views are replayed on the
-        copy: eager's strides, and outputs that are views of one another share storage
-        as eager's do (a copy per output did not, where AOTAutograd does not regenerate
-        the views: under no_grad)."""
+        """x's views replayed from the padded result for the returned tensor alone:
+        sharing them, the return would join the fused region that reads the logits
+        (the cross-entropy), which would write the view out (fuser/segmenter). With
+        `copy` the padded result is copied once, contiguous as eager's, and the views
+        are replayed on the copy: eager's strides, and outputs that are views of one
+        another share storage as eager's do (a copy per output did not, where
+        AOTAutograd does not regenerate the views: under no_grad)."""
         if x not in copies:
             if x in sliced or not isinstance(x.args[0], fx.Node) or x.args[0] not in reach:
                 src = x.args[0]
