@@ -13,6 +13,7 @@ from fuser.config import config
 from fuser.dynamo import FuserBackend, pad_mm
 
 torch.set_default_dtype(torch.float32)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU tensors stay ATen on a GPU
 
 
 pytestmark = pytest.mark.usefixtures("pad_every_matmul")  # conftest.py
@@ -159,8 +160,9 @@ def test_logits_saved_for_the_backward_keep_their_padded_rows(monkeypatch, one_p
     bf16 gradient is, read from the padded rows by the forward kernel."""
     monkeypatch.setattr(config, "one_pass_cross_entropy", one_pass)
     g = torch.Generator().manual_seed(5)
-    x0, w0 = torch.randn(2, 10, 30, generator=g), torch.randn(45, 30, generator=g)
-    target = torch.randint(0, 45, (20,), generator=g)
+    x0 = torch.randn(2, 10, 30, generator=g).to(DEVICE)
+    w0 = torch.randn(45, 30, generator=g).to(DEVICE)
+    target = torch.randint(0, 45, (20,), generator=g).to(DEVICE)
 
     def step(x, w):
         logits = x.bfloat16() @ w.bfloat16().t()
