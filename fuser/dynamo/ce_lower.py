@@ -38,6 +38,18 @@ def _target(ctx: LowerCtx, node: fx.Node, bound: int, ignore: int) -> Tensor:
     return ctx.ops.check_index(t, bound=bound, ignore=ignore, what="target")
 
 
+def _column_and_target(ctx: LowerCtx, t: Tensor, shape: list[int]) -> tuple[Tensor, Tensor]:
+    """The column index of each logit and the row's target, for the one-hot compare: in
+    int32 where the row is shorter than 2**31 (a 64-bit compare of every logit costs
+    twice the instructions), the target clamped to [-1, V] first so that no value out of
+    range (ignore_index, or a bad one that check_index reports) wraps onto a column."""
+    ops, v = ctx.ops, shape[1]
+    if v >= 2**31 - 1:
+        return ops.iota(shape, dim=1, dtype=t.dtype), _rows(ctx, t, shape)
+    narrow = ops.cast(ops.minimum(ops.maximum(t, -1), v), torch.int32)
+    return ops.iota(shape, dim=1, dtype=torch.int32), _rows(ctx, narrow, shape)
+
+
 @register(_OPS.cross_entropy.default)
 def _cross_entropy(ctx: LowerCtx, node: fx.Node) -> Any:
     # the seventh argument (aligned) sets the gradient's strides, which the region's
@@ -56,7 +68,7 @@ def _cross_entropy(ctx: LowerCtx, node: fx.Node) -> Any:
     e = ops.exp(ops.sub(xf, _rows(ctx, m, shape)))
     s = ops.sum(e, dims=[1])
     lse = ops.add(ops.log(s), m)
-    hit = ops.eq(ops.iota(shape, dim=1, dtype=t.dtype), _rows(ctx, t, shape))
+    hit = ops.eq(*_column_and_target(ctx, t, shape))
     picked = ops.sum(ops.where(hit, xf, 0.0), dims=[1])
     row = ops.sub(lse, picked)
     target_dist = ops.cast(hit, xf.dtype)
@@ -76,11 +88,14 @@ def _cross_entropy(ctx: LowerCtx, node: fx.Node) -> Any:
     valid = ops.ne(raw, ctx.scalar(ignore, raw.dtype))
     count = ops.sum(ops.cast(valid, xf.dtype), dims=[0]) if reduction == 1 else None
     row = ops.where(valid, row, 0.0)
-    prob = ops.div(e, _rows(ctx, s, shape))
+    # softmax as eager's log_softmax backward makes it, exp(x - lse): no division per
+    # element (exp(x - max) / sum cost a correctly rounded division of every logit)
+    prob = ops.exp(ops.sub(xf, _rows(ctx, lse, shape)))
     grad = ops.sub(prob, target_dist)
     if reduction == 1:  # mean over the valid targets: 0/0 = nan when there are none
         loss = ops.div(ops.sum(row, dims=[0]), count)
-        grad = ops.div(grad, ctx.broadcast(count, shape, []))
+        # eager scales by the upstream gradient over the count, divided once: so here
+        grad = ops.mul(grad, ctx.broadcast(ops.reciprocal(count), shape, []))
     elif reduction == 2:
         loss = ops.sum(row, dims=[0])
     elif reduction == 0:

@@ -15,6 +15,7 @@ from fuser.ir.dtypes import accumulator
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import REDUCE, Op
 from fuser.plan.kernel_plan import KernelPlan, RowPass, Workspace
+from fuser.plan.picks import one_hot_picks
 from fuser.schedulers.online import looped_plan
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import Arg, KernelSpec, access_width
@@ -370,6 +371,7 @@ def plan_inner_looped(spec: KernelSpec, s: Schedule) -> KernelPlan:
         spec,
         s,
         looped=looped_plan(spec),
+        picks=one_hot_picks(spec),
         walk_width=width,
         walk_end=end,
         walk_tail=tail,

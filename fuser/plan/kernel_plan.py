@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from fuser.ir.dtypes import DType
 from fuser.ir.graph import Node
+from fuser.plan.picks import Pick
 from fuser.schedulers.online import LoopedPlan
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import Arg, KernelSpec
@@ -33,6 +34,8 @@ IGNORED_BY = {
         "loop none either (no cp.async pipeline is written for it)",
         "walk_stages": "a CUDA row walk's iteration keeps its unroll chunks' loads in flight "
         "in registers; it stages no columns in shared memory",
+        "picks": "the CUDA row walk still sums a one-hot select over the row (a compare, "
+        "select and add an element); reading its one element is written for Triton only",
     },
     "triton": {
         "unroll": "Triton chooses its own unroll: it walks walk_width (chunk x unroll) "
@@ -183,6 +186,9 @@ class KernelPlan:
     # kernel's own rows, not the table's: an embedding of 2**31 elements gathered by 8
     # rows); else 32. A renderer widens the loaded index to it before the multiply.
     gather_bits: tuple[tuple[str, int], ...] = ()
+    # inner looped: row sums that are one-hot selects (fuser/plan/picks.py), each read as
+    # the one element its index names after the row walk, not summed along it
+    picks: tuple[Pick, ...] = ()
     spec: KernelSpec = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     schedule: Schedule = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
@@ -318,6 +324,8 @@ class KernelPlan:
                     else ""
                 )
             )
+        for p in self.picks:
+            lines.append(f"  pick: {p.text()}")
         wide = [name for name, bits in self.gather_bits if bits == 64]
         if wide:
             lines.append(f"  64-bit gathered row offsets: {', '.join(wide)}")

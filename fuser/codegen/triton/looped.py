@@ -8,8 +8,10 @@ from contextlib import nullcontext
 from fuser.codegen.triton.kernels import Emitter
 from fuser.codegen.triton.render import Chunk, TritonKernelWriter, _acc_dtype, _cone, _identity
 from fuser.codegen.triton.templates import render_op
+from fuser.ir.graph import Node
 from fuser.ir.ops import REDUCE, Op
 from fuser.plan.build import pow2_ceil
+from fuser.plan.kernel_plan import KernelPlan
 from fuser.schedulers.online import OnlinePair
 from fuser.segmenter import Kind
 
@@ -72,15 +74,18 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                     row_nodes(rnd)
                 continue
             rnd = rounds[0]
-            reds = [n for n in spec.reductions if spec.depth[n.out.id] == rnd]
+            reds = [n for n in _walked(s, spec.reductions) if spec.depth[n.out.id] == rnd]
             cone = _cone(spec, [n.inputs[0] for n in reds], {Kind.FULL, Kind.COL}, rnd)
-            w.comment(f"pass {rnd}: " + ", ".join(f"{n.op.value} -> {n.out.name}" for n in reds))
+            if reds:
+                w.comment(
+                    f"pass {rnd}: " + ", ".join(f"{n.op.value} -> {n.out.name}" for n in reds)
+                )
             for n in reds:
                 w.line(
                     f"acc_{n.out.name} = tl.full(({s.rows_per_block}, {width}), "
                     f"{_identity(n.op, n.inputs[0].dtype)}, {_acc_dtype(n.inputs[0].dtype)})"
                 )
-            if full_end > start:
+            if full_end > start and reds:
                 with w.block(loop):
                     kw.col_setup(body)
                     em = Emitter(kw)
@@ -94,7 +99,7 @@ def inner_looped(kw: TritonKernelWriter) -> str:
             for n in reds:
                 w.line(f"{n.out.name} = {kw.reduce(n, f'acc_{n.out.name}', axis=1)}")
             for edge in (head, tail_chunk if tail else None):
-                if edge is None:
+                if edge is None or not reds:
                     continue
                 kw.col_setup(edge)
                 em = Emitter(kw)
@@ -105,6 +110,7 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                     em.ensure_inputs(n, edge)
                     term = kw.reduce_term(n, edge)
                     w.line(f"{n.out.name} = {kw.combine(n.op, n.out.name, term)}")
+            _picks(kw, scalar_em, (rnd,))
             for n in reds:
                 w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
                 scalar_em.done.add((n.out.id, None))
@@ -147,7 +153,7 @@ def _online_pass(
     spec, s, w = kw.spec, kw.s, kw.w
     plan = s.looped
     pairs = plan.pairs_in(rounds, spec)
-    reds = plan.reductions(rounds, spec)
+    reds = _walked(s, plan.reductions(rounds, spec))
     maxes = list({id(p.max): p.max for p in pairs}.values())
     width = body.width
     cone = _cone(spec, [n.inputs[0] for n in reds + maxes], {Kind.FULL, Kind.COL}, rounds[0])
@@ -234,6 +240,7 @@ def _online_pass(
         w.comment("eager's sum is NaN where the max is not finite (inf - inf, -inf - -inf, NaN)")
         w.line(f"{p.sum.out.name} = tl.where(tl.abs({big}) < POS_INF, {p.sum.out.name}, nan_())")
         kw.helpers.add("nan_")
+    _picks(kw, scalar_em, rounds)
     for n in reds + maxes + [p.sum for p in pairs]:
         w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
         scalar_em.done.add((n.out.id, None))
@@ -244,3 +251,34 @@ def _exp(p: OnlinePair, d: str) -> str:
     """The pair's exp op of c * d."""
     arg = d if p.scale == 1.0 else f"({d}) * {p.scale!r}"
     return render_op(p.exp, [arg])
+
+
+def _walked(s: KernelPlan, reductions: list[Node]) -> list[Node]:
+    """`reductions` less the picks (plan.picks), which the row walk does not sum."""
+    picked = {p.reduction.out.id for p in s.picks}
+    return [n for n in reductions if n.out.id not in picked]
+
+
+def _picks(kw: TritonKernelWriter, scalar_em: Emitter, rounds: tuple[int, ...]) -> None:
+    """The picks of `rounds` (fuser/plan/picks.py), after their pass's walk: each one's
+    summand computed at the one column its index names, as a masked tile one column
+    wide (0 where the column is off the row, as the sum would be)."""
+    spec, w = kw.spec, kw.w
+    for k, p in enumerate(x for x in kw.s.picks if spec.depth[x.reduction.out.id] in rounds):
+        n = p.reduction
+        chunk = Chunk(f"pick{k}" if k else "pick", "", 1, True)
+        w.comment(f"{n.out.name}: {n.op.value} of a one-hot select, read at column {p.index.name}")
+        arg = kw.args.get(p.index.id)
+        if arg is not None and (p.index.id, None) not in scalar_em.loaded:  # an input
+            scalar_em.loaded.add((p.index.id, None))
+            kw.load(arg, None)
+        kw.pick_setup(chunk, p.index)
+        em = Emitter(kw)
+        em.done |= scalar_em.done
+        for m in _cone(spec, [n.inputs[0]], {Kind.FULL, Kind.COL}, spec.depth[n.out.id]):
+            em.node(m, chunk)
+        em.ensure_inputs(n, chunk)
+        w.line(f"{n.out.name} = {kw.reduce_term(n, chunk)}")
+        w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
+        scalar_em.done.add((n.out.id, None))
+        scalar_em.maybe_store(n, None)

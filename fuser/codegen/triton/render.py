@@ -484,6 +484,15 @@ class TritonKernelWriter:
         if chunk.masked:
             self.w.line(f"col_ok{sfx} = cols{sfx} < {self.spec.cols}")
 
+    def pick_setup(self, chunk: Chunk, index: Value) -> None:
+        """A pick's one-column tile (plan.picks): the column its row value `index` names,
+        in range or masked off."""
+        sfx = chunk.suffix()
+        self.w.line(f"cols{sfx} = {self.name(index, None)}")
+        self.w.line(f"col_ok{sfx} = (cols{sfx} >= 0) & (cols{sfx} < {self.spec.cols})")
+        if self.s.walk_align:  # walk_args are addressed by position: column + shift
+            self.w.line(f"pos{sfx} = cols{sfx} + shift")
+
     def kind(self, v: Value) -> Kind:
         return self.spec.kind(v)
 
