@@ -34,6 +34,8 @@ IGNORED_BY = {
         "loop none either (no cp.async pipeline is written for it)",
         "walk_stages": "a CUDA row walk's iteration keeps its unroll chunks' loads in flight "
         "in registers; it stages no columns in shared memory",
+        "walk_evict": "the CUDA row walk gives its loads no L2 eviction hints (not yet "
+        "written; measured for Triton only)",
         "picks": "the CUDA row walk still sums a one-hot select over the row (a compare, "
         "select and add an element); reading its one element is written for Triton only",
     },
@@ -150,6 +152,9 @@ class KernelPlan:
     # issues an iteration's loads walk_stages - 1 iterations ahead, staged in shared
     # memory (1: each iteration's loads wait for the iteration before it)
     walk_stages: int = 1
+    # inner looped: the reduction passes' loads ask L2 to keep their lines (evict_last:
+    # the output pass reads the row again), the output pass's let them go (evict_first)
+    walk_evict: bool = False
     # inner looped, aligned-start walk (0: off): rows whose start is not 16-byte aligned
     # (a contiguous odd width) are walked from their start rounded down to walk_align
     # elements: shift = (row * walk_stride) % walk_align, column = position - shift. The
@@ -285,6 +290,11 @@ class KernelPlan:
                 lines.append(
                     f"  row walk: {self.walk_width} columns an iteration up to {self.walk_end}"
                     + (f", then a tail of {rest}" if rest else "")
+                )
+            if self.walk_evict:
+                lines.append(
+                    "  L2 hints: the reduction passes' loads kept (evict_last), the output "
+                    "pass's let go (evict_first)"
                 )
             if self.walk_stages > 1:
                 lines.append(

@@ -12,6 +12,7 @@ import math
 from fuser.ir.dtypes import DType
 from fuser.ir.ops import REDUCE, Op
 from fuser.plan.kernel_plan import KernelPlan
+from fuser.plan.picks import one_hot_picks
 from fuser.schedulers.online import looped_plan
 from fuser.schedulers.spec import KernelSpec
 from fuser.segmenter import Kind
@@ -127,11 +128,13 @@ def looped_accumulators(spec: KernelSpec) -> int:
     """Accumulators live at once in a looped kernel: the most of any pass over the row
     (an online max-and-sum pass holds the plain reductions, the maxes and the sums)."""
     plan = looped_plan(spec)
+    picked = {p.reduction.out.id for p in one_hot_picks(spec)}  # read once, not summed
     most = 1
     for rounds in plan.passes:
         pairs = plan.pairs_in(rounds, spec)
         maxes = {id(p.max) for p in pairs}
-        most = max(most, len(plan.reductions(rounds, spec)) + len(maxes) + len(pairs))
+        walked = [n for n in plan.reductions(rounds, spec) if n.out.id not in picked]
+        most = max(most, len(walked) + len(maxes) + len(pairs))
     return most
 
 

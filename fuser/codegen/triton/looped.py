@@ -67,6 +67,8 @@ def inner_looped(kw: TritonKernelWriter) -> str:
                     scalar_em.node(n, None)
 
         row_nodes(0)
+        # walk_evict: the reduction passes' reads stay in L2 for the output pass's
+        kw.evict = "evict_last" if s.walk_evict else ""
         for rounds in plan.passes:
             if plan.pairs_in(rounds, spec):
                 _online_pass(kw, scalar_em, rounds, body, full_end, tail, head, loop)
@@ -120,6 +122,7 @@ def inner_looped(kw: TritonKernelWriter) -> str:
         if full_outs:
             cone = _cone(spec, full_outs, {Kind.FULL, Kind.COL}, spec.rounds + 1)
             w.comment("output pass")
+            kw.evict = "evict_first" if s.walk_evict else ""
             edges = ((head, head is not None), (body, full_end > start), (tail_chunk, tail))
             for chunk, ctx in edges:
                 if not ctx:
@@ -263,7 +266,8 @@ def _picks(kw: TritonKernelWriter, scalar_em: Emitter, rounds: tuple[int, ...]) 
     """The picks of `rounds` (fuser/plan/picks.py), after their pass's walk: each one's
     summand computed at the one column its index names, as a masked tile one column
     wide (0 where the column is off the row, as the sum would be)."""
-    spec, w = kw.spec, kw.w
+    spec, w, evict = kw.spec, kw.w, kw.evict
+    kw.evict = ""  # one element a row: no hint
     for k, p in enumerate(x for x in kw.s.picks if spec.depth[x.reduction.out.id] in rounds):
         n = p.reduction
         chunk = Chunk(f"pick{k}" if k else "pick", "", 1, True)
@@ -275,6 +279,7 @@ def _picks(kw: TritonKernelWriter, scalar_em: Emitter, rounds: tuple[int, ...]) 
         kw.pick_setup(chunk, p.index)
         em = Emitter(kw)
         em.done |= scalar_em.done
+        em.loaded |= scalar_em.loaded
         for m in _cone(spec, [n.inputs[0]], {Kind.FULL, Kind.COL}, spec.depth[n.out.id]):
             em.node(m, chunk)
         em.ensure_inputs(n, chunk)
@@ -282,3 +287,4 @@ def _picks(kw: TritonKernelWriter, scalar_em: Emitter, rounds: tuple[int, ...]) 
         w.line(f"{n.out.name} = {kw.to(n.out.name, n.out.dtype)}")
         scalar_em.done.add((n.out.id, None))
         scalar_em.maybe_store(n, None)
+    kw.evict = evict

@@ -119,6 +119,7 @@ class TritonKernelWriter:
         self.row_mask = plan.row_guard
         self.interpreted = use_interpreter()
         self.reports: list[str] = []  # index_error calls waiting for flush_reports
+        self.evict = ""  # the L2 hint of the row walk's loads now written (plan.walk_evict)
 
     def to(self, x: str, dst: DType, src: DType | None = None) -> str:
         """`x` (of dtype `src`, if known) converted to `dst`. Triton's interpreter
@@ -217,6 +218,8 @@ class TritonKernelWriter:
         if tables and rows == "rows" and not suffix:  # loaded once a row already
             self.w.line(f"{target} = {self.gather_index(self.args[tables[0]], rows)}")
             return
+        if self.evict and a.kind in (Kind.FULL, Kind.COL) and chunk is not None:
+            mask += f', eviction_policy="{self.evict}"'
         self.w.line(f"{target} = tl.load({a.name}_ptr + {self.offsets(a, chunk, rows)}{mask})")
 
     def store(self, a: Arg, chunk: Chunk | None) -> None:
