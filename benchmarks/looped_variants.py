@@ -93,6 +93,8 @@ CASES = {
     for c in [
         CaseDef("ce16384", "cross_entropy", 16384, 50257, 50264, BF16),
         CaseDef("ce8192", "cross_entropy", 8192, 50257, 50264, BF16),
+        CaseDef("ce8192c", "cross_entropy", 8192, 50257, 50257, BF16),  # odd rows: vector 1
+        CaseDef("ce32768c", "cross_entropy", 32768, 50257, 50257, BF16),
         CaseDef("ce16384x32000", "cross_entropy", 16384, 32000, 32000, BF16),
         CaseDef("ce8192x32000", "cross_entropy", 8192, 32000, 32000, BF16),
         CaseDef("softmax-f32", "softmax", 8192, 50257, 50257, F32),
@@ -257,6 +259,11 @@ VARIANTS = [
     V("w8u4-st2", "8 warps, 4 chunks, walk_stages 2", warps=8, unroll=4, stages=2),
     V("w4u2", "4 warps, 2 chunks an iteration", warps=4, unroll=2),
     V("w4u2-st3", "4 warps, 2 chunks, walk_stages 3", warps=4, unroll=2, stages=3),
+    V("w8u8", "8 warps, 8 chunks an iteration", warps=8, unroll=8),
+    V("w8u8-st3", "8 warps, 8 chunks, walk_stages 3", warps=8, unroll=8, stages=3),
+    V("w8u16", "8 warps, 16 chunks an iteration", warps=8, unroll=16),
+    V("w8u4-st3", "8 warps, 4 chunks, walk_stages 3", warps=8, unroll=4, stages=3),
+    V("w4u16", "4 warps, 16 chunks an iteration", warps=4, unroll=16),
     V("w16u1", "16 warps, 1 chunk an iteration", warps=16, unroll=1),
     V("w16u1-st3", "16 warps, 1 chunk, walk_stages 3", warps=16, unroll=1, stages=3),
     V("aw", "aligned-start walk (odd contiguous rows only)", align=True),

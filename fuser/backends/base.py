@@ -62,6 +62,10 @@ class Limits:
     # 32 warps 44 registers (CUDA, est. 30: 1 block/SM, not 2) and cross-entropy bf16
     # 128256 at 16 warps 64 (CUDA, est. 78) / 102 (Triton, est. 82)
     l2_rows_cap: bool = False
+    # the looped renderer gives a walk's loads L2 hints (KernelPlan.walk_evict), so a row
+    # read twice comes from L2 the second time: a persistent row that fits one block a SM
+    # is walked instead (heuristics.schedule_inner)
+    looped_l2_hints: bool = False
 
 
 class Backend:

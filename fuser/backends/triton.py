@@ -32,6 +32,7 @@ class TritonBackend(Backend):
         masked_outer_tail=True,
         prefetch=True,
         prefetch_max_blocks_per_sm=1,
+        looped_l2_hints=True,
         outer=OuterModel(in_flight_exp=0.25, warps=12.0, warps_exp=0.5, combine_us=0.75),
     )
 

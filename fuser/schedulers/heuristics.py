@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from fuser.backends.base import Backend
 from fuser.backends.registry import get_backend
 from fuser.errors import ScheduleError
-from fuser.plan.build import aligned_walk
+from fuser.plan.build import aligned_walk, rereads_row
 from fuser.schedulers.common import (
     _estimate,
     _with,
@@ -326,7 +326,28 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
                 "their next row while reducing this one"
             )
             return replace(pre, reasons=tuple(reasons))
+    lone = dev.blocks_per_sm(tpr * rpb, best.registers) == 1 and tpr * rpb < 1024
+    long_row = best.buffer_registers >= LONE_ROW_REGISTERS
+    if lone and long_row and rereads_row(spec) and backend.limits.looped_l2_hints:
+        # one block of fewer than 32 warps a SM, not prefetching: nothing overlaps its
+        # row's loads with another row's reductions; the looped walk reads the row twice,
+        # the second time from L2 (plan.walk_evict). H100, bf16 cross-entropy 16384 x
+        # 32000: persistent 1.10 ms, looped 0.87 (8192 rows: 0.56, 0.44;
+        # benchmarks/results/h100-2026-11-27-session11/3-looped-unroll)
+        reasons.append(
+            f"not persistent: its best layout ({tpr * rpb} threads, ~{best.registers} "
+            f"registers, {best.buffer_registers} of them the row) fits one block a SM, "
+            "which leaves the SM idle while it reduces; the looped walk keeps several "
+            "rows in flight and re-reads from L2"
+        )
+        return schedule_looped(spec, dev, v, reasons, backend=backend)
     return chosen
+
+
+# a persistent row of this many registers a thread or more, alone on its SM, is walked
+# instead (schedule_inner; LayerNorm fp16 16384 at 512 threads, 32 a thread, stays)
+LONE_ROW_REGISTERS = 64
+LOOPED_ACCESS_BYTES = 8  # a looped walk's loads in flight a thread an iteration, at least
 
 
 def schedule_looped(
@@ -346,6 +367,18 @@ def schedule_looped(
     tpr = warps * 32
     if unroll is None:
         unroll = 2 if spec.cols >= 2 * tpr * v else 1
+        # accesses narrower than 8 bytes (a vector-1 walk of 16-bit rows): more chunks an
+        # iteration, so that a thread has 8 bytes of loads in flight. H100, bf16 rows of
+        # 50257: cross-entropy 1.17 -> 0.99 ms (x4), softmax 1.36 -> 1.29
+        # (benchmarks/results/h100-2026-11-27-session11/3-looped-unroll)
+        access = v * max((a.dtype.itemsize for a in spec.full_args()), default=4)
+        wide = max(unroll, LOOPED_ACCESS_BYTES // access)
+        if access < LOOPED_ACCESS_BYTES and spec.cols >= wide * tpr * v:
+            unroll = wide
+            reasons.append(
+                f"{wide} chunks an iteration: {access}-byte accesses, {LOOPED_ACCESS_BYTES} "
+                "bytes of loads in flight a thread"
+            )
     plan = looped_plan(spec)
     if not chosen_warps and plan.count > 1 and get_backend(backend).limits.l2_rows_cap:
         warps = _l2_warps(spec, dev, v, warps, unroll, backend, reasons, align_walk)
