@@ -332,8 +332,10 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
         # one block of fewer than 32 warps a SM, not prefetching: nothing overlaps its
         # row's loads with another row's reductions; the looped walk reads the row twice,
         # the second time from L2 (plan.walk_evict). H100, bf16 cross-entropy 16384 x
-        # 32000: persistent 1.10 ms, looped 0.87 (8192 rows: 0.56, 0.44;
-        # benchmarks/results/h100-2026-11-27-session11/3-looped-unroll)
+        # 32000: persistent 1.10 ms, looped 0.87 (8192 rows: 0.56, 0.44); 8192 x 32000
+        # softmax bf16/fp16 1.10x, log_softmax 1.25-1.29x; rows the rule leaves alone
+        # (24576, fp32 16000) unchanged (benchmarks/results/h100-2026-11-27-session11/
+        # 3-looped-unroll, 8-lone-rule)
         reasons.append(
             f"not persistent: its best layout ({tpr * rpb} threads, ~{best.registers} "
             f"registers, {best.buffer_registers} of them the row) fits one block a SM, "
