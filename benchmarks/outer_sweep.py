@@ -139,12 +139,18 @@ def main() -> int:
     rows_out: list[dict] = []
     ceiling = copy_gbps()
     device = torch.cuda.get_device_name()
+    if args.out:  # each row as it is measured: a run cut short keeps what it timed
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.jsonl").write_text("")
 
     def emit(case: Case, impl: str, ms: float | None, **extra) -> None:
         gbps = case.nbytes / ms / 1e6 if ms else None
         row = {"op": case.op, "shape": case.shape, "dtype": case.dtype_name, "impl": impl}
         row |= {"ms": ms, "gbps": gbps, "copy_gbps": ceiling, "device": device, **extra}
         rows_out.append(row)
+        if args.out:
+            with open(args.out / "results.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
 
     table = []
     for form in args.forms.split(","):
@@ -185,9 +191,6 @@ def main() -> int:
         )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "results.jsonl", "w") as f:
-            for row in rows_out:
-                f.write(json.dumps(row) + "\n")
         print(f"wrote {args.out / 'results.jsonl'}")
     return 0
 
