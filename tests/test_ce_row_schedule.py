@@ -139,3 +139,18 @@ def test_narrow_accesses_take_more_chunks_an_iteration() -> None:
     assert "4 chunks an iteration: 2-byte accesses" in odd.explain()
     wide = _lowered_row_kernel(8192, 50257, 50264, "triton").schedule
     assert wide.vector == 8 and wide.unroll == 2, wide.explain()
+
+
+def test_lone_rule_leaves_three_reads_and_few_rows_alone() -> None:
+    """The walk replaces a lone persistent row only where it reads the row twice and has
+    rows enough: a LayerNorm (mean, then variance: three reads) and 64 rows of 32000
+    stay in registers."""
+    from fuser.examples import seed_layernorm_fusion
+
+    fd = seed_layernorm_fusion()
+    m = lambda *s: torch.empty(*s, dtype=torch.float16, device="meta")  # noqa: E731
+    ins = [m(32768), m(8192, 32768), m(32768), m(32768), m(32768)]
+    (ln,) = fd.compile(ins, "h100", "triton")
+    assert ln.schedule.kind == "inner_persistent", ln.schedule.explain()
+    few = _lowered_row_kernel(64, 32000, 32000, "triton")
+    assert few.schedule.kind == "inner_persistent", few.schedule.explain()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fuser
 from fuser import FusionDefinition
 from fuser.plan.picks import one_hot_picks
 
@@ -97,3 +98,48 @@ def test_float_index_and_row_iota_are_not_picks() -> None:
     xs = [torch.empty(64, COLS, device="meta"), torch.empty(64, device="meta")]
     for k in fd.compile(xs, "h100", "triton"):
         assert not one_hot_picks(k.spec), k.plan.text()
+
+
+def test_index_returned_as_an_output_is_not_read_back() -> None:
+    """An index the kernel computes and also returns is used from its register: loading
+    it back from the output just stored would race with the store on a GPU."""
+    with FusionDefinition("out_index") as fd:
+        o = fd.ops
+        x = fd.define_tensor([-1, -1], torch.float32)
+        t = fd.define_tensor([-1], torch.int64)
+        narrow = o.cast(o.minimum(o.maximum(t, -1), COLS), torch.int32)
+        rowb = o.broadcast_in_dim(narrow, shape=x.shape, broadcast_dims=[0])
+        hit = o.eq(o.iota(x.shape, dim=1, dtype=torch.int32), rowb)
+        fd.add_output(o.sum(o.where(hit, x, 0.0), dims=[1]))
+        fd.add_output(narrow)
+        fd.add_output(o.mul(x, 2.0))
+    x, t = torch.randn(3, COLS), torch.tensor([5, -100, COLS - 1])
+    got = fd.execute([x.to(DEVICE), t.to(DEVICE)], backend="triton")
+    k = _row_kernel(fd)
+    assert k.plan.picks, k.plan.text()
+    (out,) = [a for a in k.spec.outputs if a.value.id == k.plan.picks[0].index.id]
+    assert f"tl.load({out.name}_ptr" not in k.source, k.source
+    want = torch.tensor([x[0, 5].item(), 0.0, x[2, COLS - 1].item()])
+    torch.testing.assert_close(got[0].cpu(), want)
+
+
+def test_index_checks_in_the_summand_keep_the_sum() -> None:
+    """A check_index inside the summand reports a bad index in any column; a pick would
+    look at one column only, so the sum stays a walk and the bad index raises."""
+    with FusionDefinition("checked") as fd:
+        o = fd.ops
+        x = fd.define_tensor([-1, -1], torch.float32)
+        idx = fd.define_tensor([-1, -1], torch.int64)
+        t = fd.define_tensor([-1], torch.int64)
+        checked = o.cast(o.check_index(idx, bound=10), torch.float32)
+        rowb = o.broadcast_in_dim(t, shape=x.shape, broadcast_dims=[0])
+        hit = o.eq(o.iota(x.shape, dim=1, dtype=torch.int64), rowb)
+        fd.add_output(o.sum(o.where(hit, o.add(x, checked), 0.0), dims=[1]))
+        fd.add_output(o.max(x, dims=[1]))
+    idx = torch.randint(0, 10, (3, COLS))
+    idx[1, 100] = 999  # not a picked column
+    ins = [torch.randn(3, COLS), idx, torch.tensor([5, 6, 7])]
+    with pytest.raises(fuser.OutOfBoundsError):
+        fd.execute([a.to(DEVICE) for a in ins], backend="triton")
+        fuser.check_errors()  # a GPU records the bad index for the host (on a CPU: raised)
+    assert not _row_kernel(fd).plan.picks

@@ -63,13 +63,17 @@ def _cross_entropy(ctx: LowerCtx, node: fx.Node) -> Any:
     shape = [int(s) for s in xf.shape]
     v = shape[1]
     t = _target(ctx, target, v, ignore)
-    # the row's max and sum of exp: one online pass; lse = log(sum) + max
-    m = ops.max(xf, dims=[1])
-    e = ops.exp(ops.sub(xf, _rows(ctx, m, shape)))
-    s = ops.sum(e, dims=[1])
-    lse = ops.add(ops.log(s), m)
+    # the target's logit first: its last use of x comes before the exp-sum, so that a row
+    # kept in registers holds one form of it across that reduction (x - max), not two
     hit = ops.eq(*_column_and_target(ctx, t, shape))
     picked = ops.sum(ops.where(hit, xf, 0.0), dims=[1])
+    # the row's max and sum of exp: one online pass; lse = log(sum) + max
+    m = ops.max(xf, dims=[1])
+    shifted = ops.sub(xf, _rows(ctx, m, shape))
+    e = ops.exp(shifted)
+    s = ops.sum(e, dims=[1])
+    log_s = ops.log(s)
+    lse = ops.add(log_s, m)
     row = ops.sub(lse, picked)
     target_dist = ops.cast(hit, xf.dtype)
     if smoothing:
@@ -88,9 +92,10 @@ def _cross_entropy(ctx: LowerCtx, node: fx.Node) -> Any:
     valid = ops.ne(raw, ctx.scalar(ignore, raw.dtype))
     count = ops.sum(ops.cast(valid, xf.dtype), dims=[0]) if reduction == 1 else None
     row = ops.where(valid, row, 0.0)
-    # softmax as eager's log_softmax backward makes it, exp(x - lse): no division per
-    # element (exp(x - max) / sum cost a correctly rounded division of every logit)
-    prob = ops.exp(ops.sub(xf, _rows(ctx, lse, shape)))
+    # softmax as eager's log_softmax backward makes it, exp((x - max) - log(sum)): no
+    # division per element (exp(x - max) / sum cost a correctly rounded division of every
+    # logit), and x - max first, as eager rounds it (x - lse loses ulp(max) of large logits)
+    prob = ops.exp(ops.sub(shifted, _rows(ctx, log_s, shape)))
     grad = ops.sub(prob, target_dist)
     if reduction == 1:  # mean over the valid targets: 0/0 = nan when there are none
         loss = ops.div(ops.sum(row, dims=[0]), count)

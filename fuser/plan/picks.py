@@ -42,9 +42,26 @@ def one_hot_picks(spec: KernelSpec) -> tuple[Pick, ...]:
         if red.op != Op.SUM or spec.kind(red.out) != Kind.ROW:
             continue
         index = _selected_column(spec, producer, red.inputs[0])
-        if index is not None:
+        if index is not None and not _checks_columns(spec, producer, red.inputs[0]):
             out.append(Pick(red, index))
     return tuple(out)
+
+
+def _checks_columns(spec: KernelSpec, producer: dict[int, Node], v: Value) -> bool:
+    """Whether computing `v` checks indices along the row (check_index of a full tile):
+    the sum walks every column and reports a bad index anywhere; the pick would look
+    at one column only."""
+    seen: set[int] = set()
+    todo = [v]
+    while todo:
+        n = producer.get(todo.pop().id)
+        if n is None or n.out.id in seen or spec.kind(n.out) in (Kind.ROW, Kind.SCALAR):
+            continue
+        seen.add(n.out.id)
+        if n.op == Op.CHECK_INDEX:
+            return True
+        todo.extend(n.inputs)
+    return False
 
 
 def _selected_column(spec: KernelSpec, producer: dict[int, Node], v: Value) -> Value | None:

@@ -328,7 +328,11 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
             return replace(pre, reasons=tuple(reasons))
     lone = dev.blocks_per_sm(tpr * rpb, best.registers) == 1 and tpr * rpb < 1024
     long_row = best.buffer_registers >= LONE_ROW_REGISTERS
-    if lone and long_row and rereads_row(spec) and backend.limits.looped_l2_hints:
+    # two reads of the row (one online or plain reduction pass, then the output pass; a
+    # LayerNorm's mean-then-variance would read it three times: unmeasured) and rows
+    # enough for several in flight on every SM
+    two_reads = looped_plan(spec).count <= 2 and spec.rows > 4 * dev.sms
+    if lone and long_row and two_reads and rereads_row(spec) and backend.limits.looped_l2_hints:
         # one block of fewer than 32 warps a SM, not prefetching: nothing overlaps its
         # row's loads with another row's reductions; the looped walk reads the row twice,
         # the second time from L2 (plan.walk_evict). H100, bf16 cross-entropy 16384 x

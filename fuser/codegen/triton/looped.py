@@ -272,8 +272,8 @@ def _picks(kw: TritonKernelWriter, scalar_em: Emitter, rounds: tuple[int, ...]) 
         n = p.reduction
         chunk = Chunk(f"pick{k}" if k else "pick", "", 1, True)
         w.comment(f"{n.out.name}: {n.op.value} of a one-hot select, read at column {p.index.name}")
-        arg = kw.args.get(p.index.id)
-        if arg is not None and (p.index.id, None) not in scalar_em.loaded:  # an input
+        arg = kw.args.get(p.index.id)  # an input not loaded yet (an output is computed)
+        if arg is not None and not arg.is_output and (p.index.id, None) not in scalar_em.loaded:
             scalar_em.loaded.add((p.index.id, None))
             kw.load(arg, None)
         kw.pick_setup(chunk, p.index)

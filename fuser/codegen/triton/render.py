@@ -218,7 +218,8 @@ class TritonKernelWriter:
         if tables and rows == "rows" and not suffix:  # loaded once a row already
             self.w.line(f"{target} = {self.gather_index(self.args[tables[0]], rows)}")
             return
-        if self.evict and a.kind in (Kind.FULL, Kind.COL) and chunk is not None:
+        # the row's own tiles only: a column vector (a weight) is read again by every row
+        if self.evict and a.kind == Kind.FULL and chunk is not None:
             mask += f', eviction_policy="{self.evict}"'
         self.w.line(f"{target} = tl.load({a.name}_ptr + {self.offsets(a, chunk, rows)}{mask})")
 
