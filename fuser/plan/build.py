@@ -65,7 +65,7 @@ def row_passes(
     Outputs in `skip` are no pass's target (an inner_outer kernel's column results, which
     its finalize launch computes)."""
     consts = {n.out.id for n in spec.nodes if n.op == Op.CONST}
-    producer = {v.id: n for n in spec.nodes for v in n.outputs}
+    producer = spec.producers
     cheap = recomputed(spec)
     placed: dict[int, int] = {}
     kept: dict[int, int] = {}

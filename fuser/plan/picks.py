@@ -36,7 +36,7 @@ class Pick:
 
 def one_hot_picks(spec: KernelSpec) -> tuple[Pick, ...]:
     """The row sums of `spec` that are one-hot selects along the columns."""
-    producer = {v.id: n for n in spec.nodes for v in n.outputs}
+    producer = spec.producers
     out = []
     for red in spec.reductions:
         if red.op != Op.SUM or spec.kind(red.out) != Kind.ROW:

@@ -100,10 +100,6 @@ class LoopedPlan:
         )
 
 
-def _producers(spec: KernelSpec) -> dict[int, Node]:
-    return {v.id: n for n in spec.nodes for v in n.outputs}
-
-
 def _const(spec: KernelSpec, prod: dict[int, Node], v: Value) -> float | None:
     n = prod.get(v.id)
     if n is None or n.op != Op.CONST:
@@ -133,7 +129,7 @@ def _strip(prod: dict[int, Node], v: Value, broadcasts: bool) -> Value:
 def match_pair(spec: KernelSpec, sum_node: Node, maxes: dict[int, Node]) -> OnlinePair | None:
     """The online pair `sum_node` closes, if its operand is exp(c * (X - M)) for one of
     `maxes` (M's value id -> its max node) over the same X."""
-    prod = _producers(spec)
+    prod = spec.producers
     v = _strip(prod, sum_node.inputs[0], broadcasts=False)
     n = prod.get(v.id)
     if n is None or n.op not in (Op.EXP, Op.EXP2):

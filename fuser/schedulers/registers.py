@@ -12,8 +12,6 @@ import math
 from fuser.ir.dtypes import DType
 from fuser.ir.ops import REDUCE, Op
 from fuser.plan.kernel_plan import KernelPlan
-from fuser.plan.picks import one_hot_picks
-from fuser.schedulers.online import looped_plan
 from fuser.schedulers.spec import KernelSpec
 from fuser.segmenter import Kind
 
@@ -73,11 +71,12 @@ def row_live_words(spec: KernelSpec) -> float:
     their dtype (a 16-bit value half a word). Index values (an iota compared with a
     per-row target) are not counted: the compiler recomputes them where they are used.
 
-    More than spec.crossing_words() where two forms of the row cross one reduction: the
-    cross-entropy row keeps exp(x - max) for the gradient and x itself for the target's
-    logit (the masked sum after the exp-sum), 2 words. Priced at 1, its 16384 x 32000
-    bf16 kernel was estimated 110 registers at 512 threads and compiled (ptxas, sm_90) to
-    128 with 104 bytes spilled, 1.64 ms on the H100 against 0.85 for a kernel that fits.
+    More than spec.crossing_words() where two forms of the row cross one reduction: a
+    cross-entropy written exp(x - max) / sum with the target's logit summed after the
+    exp-sum (the bench's hand-built fusion) keeps exp(x - max) and x, 2 words. Priced at
+    1, such a 16384 x 32000 bf16 kernel was estimated 110 registers at 512 threads and
+    compiled (ptxas, sm_90) to 128 with 104 bytes spilled, 1.64 ms on the H100 against
+    0.85 for a kernel that fits. fuser's own lowering (dynamo/ce_lower.py) keeps 1.
     """
     loaded = {a.value.id: a.dtype for a in spec.inputs if a.kind == Kind.FULL}
     position = {n.out.id: i for i, n in enumerate(spec.nodes)}
@@ -124,11 +123,12 @@ def _int64_row(spec: KernelSpec) -> bool:
     )
 
 
-def looped_accumulators(spec: KernelSpec) -> int:
-    """Accumulators live at once in a looped kernel: the most of any pass over the row
-    (an online max-and-sum pass holds the plain reductions, the maxes and the sums)."""
-    plan = looped_plan(spec)
-    picked = {p.reduction.out.id for p in one_hot_picks(spec)}  # read once, not summed
+def looped_accumulators(s: KernelPlan) -> int:
+    """Accumulators live at once in looped kernel `s`: the most of any pass over the row
+    (an online max-and-sum pass holds the plain reductions, the maxes and the sums; a
+    pick is read once, not summed)."""
+    spec, plan = s.spec, s.looped
+    picked = {p.reduction.out.id for p in s.picks}
     most = 1
     for rounds in plan.passes:
         pairs = plan.pairs_in(rounds, spec)
@@ -147,9 +147,10 @@ def looped_chunks(s: KernelPlan) -> int:
     return min(s.unroll, max(2, math.ceil(s.unroll * s.vector * itemsize / 16)))
 
 
-def looped_extra_registers(spec: KernelSpec, elements_per_thread: int) -> int:
-    """Registers of a Triton looped kernel beyond estimate_registers' (one accumulator)."""
-    extra = LOOPED_EXTRA_ACCUMULATOR * (looped_accumulators(spec) - 1)
+def looped_extra_registers(s: KernelPlan, elements_per_thread: int) -> int:
+    """Registers of Triton looped kernel `s` beyond estimate_registers' (one accumulator)."""
+    spec = s.spec
+    extra = LOOPED_EXTRA_ACCUMULATOR * (looped_accumulators(s) - 1)
     extra += LOOPED_INT64_ROW if _int64_row(spec) else 0.0
     return math.ceil(elements_per_thread * extra)
 
@@ -231,7 +232,7 @@ def triton_registers(plan: KernelPlan) -> int:
     if s.kind == "inner_looped":
         per_thread = s.vector * s.unroll
         regs, _ = estimate_registers(spec, per_thread, looped_chunks(s), s.num_warps, False)
-        return min(regs + looped_extra_registers(spec, per_thread), 255)
+        return min(regs + looped_extra_registers(s, per_thread), 255)
     per_thread = max(s.rows_per_block * s.chunk // s.threads, 1)
     regs = estimate_registers(spec, per_thread, 1, s.num_warps, False)[0]
     if s.kind == "outer_reduction":

@@ -188,6 +188,11 @@ class KernelSpec:
         return tuple(n for n in self.nodes if n.op == Op.CHECK_INDEX)
 
     @cached_property
+    def producers(self) -> dict[int, Node]:
+        """The node computing each value (inputs have none)."""
+        return {v.id: n for n in self.nodes for v in n.outputs}
+
+    @cached_property
     def reductions(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.op in REDUCE)
 

@@ -40,7 +40,7 @@ class CudaExpressions:
         self.w = Writer()
         self.args = {a.value.id: a for a in spec.args}
         self.consts = {n.out.id: n for n in spec.nodes if n.op == Op.CONST}
-        self.producer = {v.id: n for n in spec.nodes for v in n.outputs}
+        self.producer = spec.producers
         self.idx = "long long" if plan.index_bits == 64 else "int"
         self.arrays: set[int] = set()  # values in [slot][i] register arrays
         self.col_arrays: set[int] = set()  # COL values a thread holds in [i] arrays

@@ -504,7 +504,7 @@ class TritonKernelWriter:
 def _cone(spec: KernelSpec, targets: list[Value], kinds: set[Kind], stop_depth: int) -> list[Node]:
     """Nodes (in order) needed to compute `targets`, restricted to values of `kinds`
     with depth below `stop_depth` (deeper ROW values are already computed)."""
-    producer = {v.id: n for n in spec.nodes for v in n.outputs}
+    producer = spec.producers
     need: set[int] = set()
     stack = [v.id for v in targets]
     while stack:
