@@ -2,9 +2,10 @@
 reduction (registers.row_live_words): a cross-entropy row written as exp(x - max) / sum
 keeps x and exp(x - max) across the exp-sum (2 words), softmax and LayerNorm one. Priced
 at one word, the 16384 x 32000 bf16 cross-entropy took a 512-thread persistent plan that
-ptxas (sm_90) compiled to 128 registers with 104 bytes spilled; its 1024-thread layout
-spills too (64-register cap), so the heuristic falls back to the looped plan. fuser's own
-lowering (dynamo/ce_lower.py) recomputes exp(x - lse) for the gradient: one word."""
+ptxas (sm_90) compiled to 128 registers with 96 bytes spilled (benchmarks/row_sass.py);
+its 1024-thread layout spills too (64-register cap), so the heuristic falls back to the
+looped plan. fuser's own lowering (dynamo/ce_lower.py) computes the gradient from
+x - max, defined after the target's logit: one word."""
 
 from __future__ import annotations
 

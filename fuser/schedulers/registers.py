@@ -75,8 +75,9 @@ def row_live_words(spec: KernelSpec) -> float:
     cross-entropy written exp(x - max) / sum with the target's logit summed after the
     exp-sum (the bench's hand-built fusion) keeps exp(x - max) and x, 2 words. Priced at
     1, such a 16384 x 32000 bf16 kernel was estimated 110 registers at 512 threads and
-    compiled (ptxas, sm_90) to 128 with 104 bytes spilled, 1.64 ms on the H100 against
-    0.85 for a kernel that fits. fuser's own lowering (dynamo/ce_lower.py) keeps 1.
+    compiled (ptxas, sm_90) to 128 with 96 bytes spilled (benchmarks/results/
+    cpu-2026-11-28-session11-sass/row_sass.txt), 1.64 ms on the H100 against 0.85 for a
+    kernel that fits. fuser's own lowering (dynamo/ce_lower.py) keeps 1.
     """
     loaded = {a.value.id: a.dtype for a in spec.inputs if a.kind == Kind.FULL}
     position = {n.out.id: i for i, n in enumerate(spec.nodes)}
@@ -141,8 +142,8 @@ def looped_accumulators(s: KernelPlan) -> int:
 def looped_chunks(s: KernelPlan) -> int:
     """A Triton looped iteration's chunks as PER_CHUNK prices them: its unroll, but no
     more than its 16-byte accesses (two at least) where narrow accesses took more chunks
-    an iteration (softmax bf16 50257, vector 1 x 4 chunks: ptxas 32 registers, priced at
-    4 chunks 44)."""
+    an iteration (softmax bf16 50257, vector 1 x 4 chunks: ptxas 32 registers, estimated
+    40 so, 44 priced at 4 chunks; benchmarks/results/cpu-2026-11-28-session11-sass)."""
     itemsize = max((a.dtype.itemsize for a in s.spec.full_args()), default=4)
     return min(s.unroll, max(2, math.ceil(s.unroll * s.vector * itemsize / 16)))
 
