@@ -1,7 +1,8 @@
 """What lowering a graph costs in generated Python: each GraphModule recompile generates
 and compiles the source of a whole training graph (~0.1 s at GPT-2 124M), so lowering
 makes the final module's source once per graph, edits drafts (support.DraftModule) in
-between, and builds a region's ATen fallback module only when it is used."""
+between, and builds a region's ATen fallback module only when it is used. Planning
+happens once per region: at lowering, for meta tensors, whose plan the first call takes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import torch
 from torch import fx
 
 import fuser.dynamo.backend as backend_module
-from fuser.dynamo import FuserBackend
+from fuser import FusionDefinition
+from fuser.dynamo import FuserBackend, region
 from fuser.examples.gpt2 import GPT, get_config
+from fuser.runtime import executor
 
 
 @pytest.fixture
@@ -63,3 +66,54 @@ def test_a_region_builds_its_fallback_when_checked() -> None:
     backend = _step(check=True)  # check mode runs each region's ATen ops beside it
     regions = [r for g in backend.captures[0].graphs for r in g.regions]
     assert regions and all(not r.mismatches for r in regions)
+
+
+def test_each_region_is_planned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lowering plans every region for meta tensors; its first call, on real tensors of
+    the same shapes, strides, dtypes and alignment, takes that plan instead of planning
+    again (half of a warm first step's planning, before), and gives eager's numbers."""
+    planned: list[str] = []
+    original = executor.plan
+
+    def counting(graph, inputs, name, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        planned.append(f"{name}:{inputs[0].device.type}")
+        return original(graph, inputs, name, *args, **kwargs)
+
+    monkeypatch.setattr(executor, "plan", counting)
+    monkeypatch.setattr(region, "_DEFINITIONS", {})  # no plans from another test's regions
+    backend = _step(check=True)  # check mode compares every region with its ATen ops
+    regions = [r for g in backend.captures[0].graphs for r in g.regions if r.fused]
+    assert regions and all(r.calls or r.total_calls for r in regions)
+    assert all(not r.mismatches for r in regions)
+    assert planned and all(p.endswith(":meta") for p in planned), planned
+    assert len(planned) == len(set(planned)), planned
+
+
+def test_a_misaligned_input_is_planned_for_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan made ahead for aligned meta tensors is taken for aligned real tensors of
+    the same layout, and not for a misaligned view: that call plans for its own
+    alignment (narrower vectors). Both give eager's result."""
+    with FusionDefinition("add_rows") as fd:
+        a = fd.define_tensor([-1, -1], torch.float32)
+        b = fd.define_tensor([-1, -1], torch.float32)
+        fd.add_output(fd.ops.add(fd.ops.exp(a), b))
+    meta = [torch.empty(3, 64, device="meta") for _ in range(2)]
+    fd.compile(meta)
+    planned: list[int] = []
+    original = executor.plan
+
+    def counting(graph, inputs, name, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        planned.append(inputs[0].data_ptr() % 16)
+        return original(graph, inputs, name, *args, **kwargs)
+
+    monkeypatch.setattr(executor, "plan", counting)
+    g = torch.Generator().manual_seed(3)
+    flat, y = torch.randn(3 * 64 + 1, generator=g), torch.randn(3, 64, generator=g)
+    aligned = flat[:-1].clone().view(3, 64)
+    (out,) = fd.execute([aligned, y])
+    torch.testing.assert_close(out, aligned.exp() + y)
+    assert planned == []  # the meta plan
+    shifted = flat[1:].view(3, 64)  # 4 bytes past a 16-byte boundary
+    (out,) = fd.execute([shifted, y])
+    torch.testing.assert_close(out, shifted.exp() + y)
+    assert planned == [4]

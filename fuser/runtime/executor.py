@@ -270,6 +270,8 @@ class FusionExecutor:
             self.fd.bind(inputs, entry)  # not a tensor, sparse...: bind names the input
             raise
         cf = self.cache.get(key)
+        if cf is None and device is None:
+            cf = self._planned_ahead(key, inputs, backend)
         if cf is None:
             with self._lock:
                 cf = self.cache.get(key)
@@ -289,6 +291,26 @@ class FusionExecutor:
                     self.cache[key] = cf
                     _debug(cf, self.fd.name)
         self.last = cf
+        return cf
+
+    def _planned_ahead(self, key: tuple, inputs: list[Any], backend: str) -> CompiledFusion | None:
+        """The plan compile() made ahead for meta tensors shaped, strided, typed and aligned
+        as `inputs` are, for the device execute() would plan for (torch.compile plans each
+        region so at lowering; its first call then does not plan it again), or None. Stored
+        under `key` too, after the checks execute() makes of a fresh plan's inputs."""
+        if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
+            return None
+        meta = torch.device("meta")
+        ahead = (
+            tuple((*sig[:3], meta, *sig[4:]) for sig in key[0]),
+            backend,
+            get_device(None).name,
+        )
+        cf = self.cache.get(ahead)
+        if cf is None:
+            return None
+        _check_runnable(cf.pipeline.stages[0], inputs[0], backend)
+        self.cache[key] = cf
         return cf
 
     def execute(self, inputs: list[torch.Tensor], backend: str | None) -> list[torch.Tensor]:
