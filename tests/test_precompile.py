@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 
 def test_the_pool_builds_one_launcher_per_signature(monkeypatch) -> None:
     """Triton makes a C launcher per argument signature at a kernel's first launch; the
@@ -40,3 +42,25 @@ def test_the_pool_builds_one_launcher_per_signature(monkeypatch) -> None:
     compiled = [kernel("a"), Future(kernel("a")), kernel("b"), kernel("bad"), None]
     assert prebuild_launchers(compiled, 2) == 3  # a, b and the failing one were tried
     assert sorted(built) == ["a", "b"]
+
+
+def test_triton_key_is_hashed_once_in_a_thread(monkeypatch) -> None:
+    """prefetch_triton_key hashes Triton's installation in a thread (started once) and
+    precompile waits for it: the key is computed once, not again beside the thread."""
+    import triton.runtime.cache as triton_cache
+
+    from fuser.runtime import precompile
+
+    calls: list[str] = []
+
+    def key() -> str:
+        calls.append(threading.current_thread().name)
+        return "key"
+
+    monkeypatch.setattr(triton_cache, "triton_key", key)
+    monkeypatch.setattr(precompile, "_key_thread", None)
+    precompile.prefetch_triton_key()
+    precompile.prefetch_triton_key()  # a second graph's compile: the same thread
+    precompile._wait_triton_key()
+    assert calls == ["fuser-triton-key"]
+    assert not precompile._key_thread.is_alive()

@@ -29,7 +29,7 @@ from fuser.dynamo.lower import GraphRecord, Specializing, is_symbolic, lower_gra
 from fuser.dynamo.program import cudagraphs
 from fuser.dynamo.saved import partition_fn
 from fuser.runtime import timing
-from fuser.runtime.precompile import precompile, start_processes
+from fuser.runtime.precompile import precompile, prefetch_triton_key, start_processes
 
 aten = torch.ops.aten
 _TORCH_DIR = str(Path(torch.__file__).parent)
@@ -193,6 +193,7 @@ class FuserBackend:
 
         if _device_type(example_inputs) == "cuda":
             start_processes()  # the compile workers import while AOTAutograd traces
+            prefetch_triton_key()  # and Triton's installation is hashed
         cid, codes = _compile_context()
         shapes = [list(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
         refs = tuple(weakref.ref(x) for x in example_inputs if isinstance(x, torch.Tensor))

@@ -99,6 +99,34 @@ def _unique(kernels: list[Any]) -> list[Any]:
     return out
 
 
+_key_thread: threading.Thread | None = None
+_key_lock = threading.Lock()
+
+
+def prefetch_triton_key() -> None:
+    """Start hashing Triton's installation (triton_key: its compiler's sources and the
+    ~0.5 GB libtriton, once a process; 0.5 s of a warm first step on the H100 host) in a
+    thread, while AOTAutograd traces: the hash releases the GIL for its large reads.
+    Triton's every JIT compile or cache lookup needs it; precompile waits for it."""
+    global _key_thread
+    with _key_lock:
+        if _key_thread is not None:
+            return
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:  # another Triton: it computes its key where it needs it
+            return
+        _key_thread = threading.Thread(target=triton_key, name="fuser-triton-key", daemon=True)
+        _key_thread.start()
+
+
+def _wait_triton_key() -> None:
+    """Let the prefetch finish rather than compute the key a second time beside it
+    (functools.lru_cache does not hold a second caller back)."""
+    if _key_thread is not None:
+        _key_thread.join()
+
+
 def precompile(
     kernels: list[Any],
     device_type: str,
@@ -126,6 +154,7 @@ def precompile(
     if not jobs and not triton_gpu:
         return []
     t0 = time.perf_counter()
+    _wait_triton_key()
     results = run_pool(jobs, n)
     if triton_gpu:
         results += _warm_triton(triton_gpu, n, ledgers)
