@@ -12,15 +12,15 @@ from torch import fx
 
 import fuser.dynamo.backend as backend_module
 from fuser import FusionDefinition
-from fuser.dynamo import FuserBackend, region
+from fuser.dynamo import FuserBackend, region, tangents
 from fuser.examples.gpt2 import GPT, get_config
 from fuser.runtime import executor
 
 
 @pytest.fixture
 def recompiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every GraphModule recompile during fuser's lowering of a graph, as
-    'class name:node count'."""
+    """Every GraphModule recompile during fuser's lowering of a graph and its fold of
+    absent tangents (a backward variant, tangents.py), as 'class name:node count'."""
     seen: list[str] = []
     lowering = [False]
     original, lower = fx.GraphModule.recompile, backend_module.lower_graph
@@ -37,8 +37,17 @@ def recompiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         finally:
             lowering[0] = False
 
+    def fold_absent(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        lowering[0] = True
+        try:
+            return fold(*args, **kwargs)
+        finally:
+            lowering[0] = False
+
+    fold = tangents.fold_absent
     monkeypatch.setattr(fx.GraphModule, "recompile", counting)
     monkeypatch.setattr(backend_module, "lower_graph", lower_graph)
+    monkeypatch.setattr(tangents, "fold_absent", fold_absent)
     return seen
 
 
@@ -57,6 +66,7 @@ def test_each_graph_is_made_into_python_once(recompiles: list[str]) -> None:
     backend = _step(check=False)
     graphs = backend.captures[0].graphs
     assert len(graphs) == 2 and all(g.regions and g.module is not None for g in graphs)
+    assert graphs[1].tangents  # the logits' gradient is absent: the backward is a fold
     # one source per graph (its final module); no region fallback module (nothing fell
     # back), no intermediate copy's source
     assert len(recompiles) == len(graphs), recompiles

@@ -38,6 +38,7 @@ from fuser.dynamo.region import (
     record_for,
 )
 from fuser.dynamo.support import (
+    DraftModule,
     copy_module,
     describe,
     draft_module,
@@ -375,6 +376,8 @@ def _aten_graph(
     """gm run as its ATen ops, with the error in its record (explain shows it) and a
     warning; returns (boxed callable, GraphRecord)."""
     t0 = time.perf_counter() if t0 is None else t0
+    if isinstance(gm, DraftModule):  # a graph fuser edited without source: run needs it
+        gm = copy_module(gm)
     if record is None:
         record = GraphRecord(kind, name, sum(n.op == "call_function" for n in gm.graph.nodes))
     record.error = f"{type(e).__name__}: {str(e)[:500]}"
