@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import pickle
 import struct
 import sys
@@ -162,6 +163,12 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
 
 
 if __name__ == "__main__":
+    # a worker only fills a cache: the parent (tracing, lowering, its own warm-up) is
+    # never kept waiting for a core by one
+    try:
+        os.nice(int(os.environ.get("FUSER_COMPILE_NICE", "10")))
+    except (OSError, ValueError, AttributeError):
+        pass
     out = sys.stdout.buffer
     sys.stdout = sys.stderr
     serve(sys.stdin.buffer, out)
