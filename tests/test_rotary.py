@@ -8,6 +8,8 @@ parity, and which ops fused)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -56,6 +58,51 @@ def test_rope_reads_q_and_cos_in_place(backend, dtype):
     assert "contiguous copies" not in text and "ATen fallback" not in text, text
     assert f"rows (size, stride) ({B}, {T * D}) x ({H}, 0) x ({T}, {D})" in k.source
     assert f"({H}, {D}) x ({T}, {H * D})" in k.source  # q's own strides
+
+
+def _rope_backward_fd(dtype: torch.dtype) -> fuser.FusionDefinition:
+    """The rotation's backward as AOTAutograd hands it over: dq = g * cos +
+    rotate_half's transpose of g * sin, the transpose as slice_backward pads of the
+    product's halves (pads of a value computed from a head broadcast of sin)."""
+    half = D // 2
+    with fuser.FusionDefinition("rope_bw") as fd:
+        g = fd.define_tensor([B, H, T, D], dtype)
+        cos = fd.define_tensor([B, T, D], dtype)
+        sin = fd.define_tensor([B, T, D], dtype)
+        gf = fd.ops.cast(g, torch.float32)
+
+        def heads(x):
+            x = fd.ops.cast(x, torch.float32)
+            return fd.ops.broadcast_in_dim(x, shape=[B, H, T, D], broadcast_dims=[0, 2, 3])
+
+        gs = fd.ops.mul(gf, heads(sin))
+        lo, hi = fd.ops.slice(gs, 3, 0, half), fd.ops.slice(gs, 3, half, D)
+        back = fd.ops.add(fd.ops.pad(hi, 3, 0, half), fd.ops.pad(fd.ops.neg(lo), 3, half, 0))
+        fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.mul(gf, heads(cos)), back), dtype))
+    return fd
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_backward_reads_sin_through_the_head_broadcast(backend, dtype):
+    """The pads' column maps are pushed through the head broadcast to sin itself: no
+    kernel materializes the [B, H, T, D] broadcast of sin (a full fp32 tensor written
+    and read back, twice q's traffic on an H100) before the kernel that uses it."""
+    g = torch.Generator().manual_seed(1)
+    grad = torch.randn(B, T, H, D, generator=g).to(dtype).transpose(1, 2)
+    cos, sin = (torch.randn(B, T, D, generator=g).to(dtype) for _ in range(2))
+    fd = _rope_backward_fd(dtype)
+    (out,) = fd.execute([grad, cos, sin])
+    gd, c, s = grad.double(), cos.double()[:, None], sin.double()[:, None]
+    gs = gd * s
+    want = gd * c + torch.cat([gs[..., D // 2 :], -gs[..., : D // 2]], -1)
+    tol = {"rtol": 2**-7, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(out.double(), want, **tol)
+    plan = fd._runtime().last
+    assert all(s.fused for s in plan.segments), plan.explain()
+    for k in plan.kernels.values():
+        made = [a for a in k.spec.outputs if a.value.id not in plan._output_ids]
+        too_big = [a.value for a in made if math.prod(a.value.shape) >= B * H * T * D]
+        assert not too_big, (k.name, k.spec.segment.ops_summary())
 
 
 def test_partial_broadcast_of_a_computed_value_splits(backend):

@@ -118,15 +118,17 @@ class _Views:
 
     def broadcast(self, p: Node, v: Value, m: ColMap) -> Value:
         """A read of a broadcast: a new broadcast when the last dim is broadcast (a row
-        value) or the source is a column ([D], [1, D]: read the source); otherwise the
-        broadcast result is read (it is materialized either way)."""
+        value), or of the source read through `m` when the source's last dim is the
+        result's (a column [D], or cos/sin [B, T, D] broadcast over heads); otherwise
+        the broadcast result is read (it is materialized either way)."""
         src, bdims = p.inputs[0], tuple(p.attr("broadcast_dims"))
         last = v.rank - 1
         shape = self.shape(v, m)
         if last not in bdims or src.shape[bdims.index(last)] == 1:
             return self.ops.broadcast_in_dim(self.t(src), shape, bdims).value
-        column = bdims.index(last) == src.rank - 1 and all(s == 1 for s in src.shape[:-1])
-        if column:
+        if bdims.index(last) == src.rank - 1:
+            # the source's last dim is the result's: the column read commutes with the
+            # broadcast of the other dims (cos/sin [B, T, D] over q's heads)
             return self.ops.broadcast_in_dim(self.t(self.read(src, m)), shape, bdims).value
         return self.view(v, m)
 
