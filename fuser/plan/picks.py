@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fuser.ir.dtypes import DType
 from fuser.ir.graph import Node, Value
 from fuser.ir.ops import Op
 from fuser.schedulers.spec import KernelSpec
@@ -77,10 +78,20 @@ def _selected_column(spec: KernelSpec, producer: dict[int, Node], v: Value) -> V
         it = producer.get(col.id)
         if it is None or it.op != Op.IOTA or it.attr("dim") != len(col.shape) - 1:
             continue
+        if not _counts_columns(it.attr("dtype"), spec.cols):
+            continue
         index = _row_value(spec, producer, other)
         if index is not None and not index.dtype.is_float and index.dtype.itemsize > 1:
             return index
     return None
+
+
+def _counts_columns(dtype: DType, cols: int) -> bool:
+    """Whether an iota of `dtype` holds every column's own index. A float one does only
+    while the dtype counts exactly (bf16 to 256, fp16 to 2048): past that several columns
+    round to one value and the compare selects all of them (eager sums them all), not the
+    index's column alone; an int32 one wraps past 2**31 columns."""
+    return dtype == DType.int64 or (dtype == DType.int32 and cols <= 2**31)
 
 
 def _row_value(spec: KernelSpec, producer: dict[int, Node], v: Value) -> Value | None:

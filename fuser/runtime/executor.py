@@ -244,8 +244,14 @@ def signature(inputs: list[torch.Tensor]) -> tuple:
     alignment. The device, not get_device(), which is -1 on meta tensors too: a meta
     tensor must not find a CPU plan. Raises (AttributeError, RuntimeError...) on a
     non-tensor or a sparse tensor: the caller lets bind name the input then."""
+    # a meta tensor: 16 bytes whatever its storage offset, as build_specs plans it (its
+    # data_ptr is the offset in bytes: keyed by that, the plan made for 16 bytes was taken
+    # by a real tensor 4 bytes past a boundary, whose 16-byte vector accesses then fault)
     return tuple(
-        [(t.shape, t.stride(), t.dtype, t.device, ALIGN[t.data_ptr() & 15]) for t in inputs]
+        [
+            (t.shape, t.stride(), t.dtype, t.device, 16 if t.is_meta else ALIGN[t.data_ptr() & 15])
+            for t in inputs
+        ]
     )
 
 
@@ -299,6 +305,11 @@ class FusionExecutor:
         region so at lowering; its first call then does not plan it again), or None. Stored
         under `key` too, after the checks execute() makes of a fresh plan's inputs."""
         if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
+            return None
+        # bind's device checks, which a fresh plan makes (meta tensors hold no data; one
+        # device for all inputs): a call failing them plans afresh, and bind says why
+        dev = inputs[0].device
+        if dev.type == "meta" or any(t.device != dev for t in inputs):
             return None
         meta = torch.device("meta")
         ahead = (
