@@ -40,7 +40,7 @@ from fuser.backends.registry import get_backend  # noqa: E402
 from fuser.examples.bias_grad import bias_grad_fusion, bias_grad_inputs  # noqa: E402
 from fuser.schedulers.common import registers  # noqa: E402
 from fuser.schedulers.device import get_device  # noqa: E402
-from fuser.schedulers.outer import _make, _pick, cost  # noqa: E402
+from fuser.schedulers.outer import _make, _pick, cost, outer_candidates  # noqa: E402
 
 ROOT = Path(__file__).parent / "results"
 SWEEPS = [
@@ -89,8 +89,7 @@ class Case:
     def __init__(self, key: tuple, timed: dict[str, dict[str, float]]) -> None:
         self.form, self.shape, self.backend = key
         rows, cols = (int(x) for x in self.shape.split("x"))
-        k = kernel(self.form, rows, cols, self.backend)
-        self.spec, self.heuristic = k.spec, k.schedule.short()
+        self.spec = kernel(self.form, rows, cols, self.backend).spec
         self.rows = []  # (schedule, registers, quick ms, ms for the regret)
         for text, t in timed.items():
             if "sweep" in t:
@@ -112,6 +111,21 @@ class Case:
         ms = next(r[3] for r in self.rows if r[0] == s)
         rho = spearman([c.total_us for _, _, c in scored], [r[2] for r in self.rows])
         return {"pick": s.short(), "ms": ms, "regret": ms / self.best - 1, "rho": rho}
+
+    def heuristic(self, model=None) -> str:  # noqa: ANN001
+        """The heuristic's pick among every candidate it scores (not only those timed)."""
+        dev = get_device("h100")
+        kw = {"model": model} if model else {}
+        cands = outer_candidates(self.spec, dev, self.backend)
+        scored = [
+            (
+                s,
+                s.estimate.registers,
+                cost(self.spec, dev, s, s.estimate.registers, self.backend, **kw),
+            )
+            for s in cands
+        ]
+        return _pick(scored)[0].short()
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -136,7 +150,8 @@ def table(cases: list[Case], model=None) -> list[dict]:  # noqa: ANN001
     out = []
     for c in cases:
         r = c.evaluate(model)
-        same = "same" if c.heuristic == r["pick"] else c.heuristic.removeprefix("outer_reduction ")
+        full = c.heuristic(model)
+        same = "same" if full == r["pick"] else full.removeprefix("outer_reduction ")
         print(
             f"| {c.form} | {c.shape} | {c.backend} | {len(c.rows)} | {r['rho']:.2f} | "
             f"{r['pick'].removeprefix('outer_reduction ')} | {r['ms']:.4f} | {c.best:.4f} | "
@@ -180,17 +195,40 @@ def compile_probe(spec, text: str) -> tuple[int, str]:  # noqa: ANN001
     return triton_resources(k)["registers"], triton_sass(k)
 
 
+def _scaled_rows():  # noqa: ANN202
+    """y = x * r[:, None] stored, with its column max and sum (two accumulators)."""
+    from fuser import FusionDefinition
+
+    with FusionDefinition("probe_scaled_rows") as fd:
+        o = fd.ops
+        x = fd.define_tensor([-1, -1], BF16)
+        r = fd.define_tensor([-1], torch.float32)
+        y = o.mul(
+            o.cast(x, torch.float32), o.broadcast_in_dim(r, shape=x.shape, broadcast_dims=[0])
+        )
+        fd.add_output(o.cast(y, BF16))
+        fd.add_output(o.max(y, dims=[0]))
+        fd.add_output(o.sum(y, dims=[0]))
+    ins = [torch.empty(8192, 3072, dtype=BF16, device="meta")]
+    (k,) = fd.compile(ins + [torch.empty(8192, device="meta")], "h100", "triton")
+    return k.spec
+
+
 def check_registers() -> None:
     """ptxas against the Triton estimate at 8, 16 and 32 elements a thread (4 warps)."""
-    print("| form | elements a thread | ptxas (sm_90) | estimate |")
+    print("| kernel | elements a thread | ptxas (sm_90) | estimate |")
     print("|---|---|---|---|")
-    for form in ("f32", "same", "gelu"):
-        spec = kernel(form, 8192, 3072, "triton").spec
+    specs = {
+        f"bias_grad {f}": kernel(f, 8192, 3072, "triton").spec for f in ("f32", "same", "gelu")
+    }
+    specs["column sum of x * sigmoid(x)"] = _unary("silu", PROBES["x * sigmoid"])
+    specs["x * r[:, None], its column max and sum"] = _scaled_rows()
+    for name, spec in specs.items():
         for rpb in (1, 2, 4):
             text = f"outer_reduction v8 tpr128 rpb{rpb} split44 fin16 warps4"
             regs, _ = compile_probe(spec, text)
             est = registers(spec, schedule_of(spec, text), "triton")
-            print(f"| {form} | {8 * rpb} | {regs} | {est} |")
+            print(f"| {name} | {8 * rpb} | {regs} | {est} |", flush=True)
 
 
 def _unary(name: str, op) -> object:  # noqa: ANN001
@@ -259,8 +297,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--fit", action="store_true", help="search the backend's constants")
     ap.add_argument("--backend", default="triton", help="--fit: whose constants")
-    fields = "in_flight_kb,in_flight_exp,combine_us,launch_us,finalize_us,math_warps"
-    ap.add_argument("--fields", default=fields + ",math_warps_exp,overlap")
+    fields = "in_flight_kb,in_flight_exp,warps,warps_exp,combine_us,launch_us,finalize_us"
+    ap.add_argument("--fields", default=fields + ",math_warps,math_warps_exp,overlap")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--registers", action="store_true", help="ptxas vs the register estimate")

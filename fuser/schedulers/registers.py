@@ -255,12 +255,13 @@ def triton_inner_outer_registers(plan: KernelPlan) -> int:
 # [rows_per_block, chunk] share, each reduction's fp32 accumulator and the producer's
 # temporaries beyond the value summed (math_live_words - 1); its loads come through the
 # staged row loop's shared memory (plan.row_stages), not held beside them. ptxas (sm_90,
-# Triton 3.6; benchmarks/outer_fit.py --registers) at 8 / 16 / 32 elements a thread, 4
-# warps, against this estimate and the one before (one loaded word an element beside the
-# accumulators): dy.float().sum(0) 32 / 39 / 56 (34 / 42 / 58; 42 / 58 / 90); the GELU
-# backward's bias gradient 52 / 90 / 150 (62 / 94 / 158; 46 / 62 / 94: 5 blocks of 4 warps
-# a SM where 3 fit); a scaled row's max and sum 40 / 56 / 103 (42 / 58 / 90; 50 / 74 / 122);
-# x * sigmoid(x) 32 / 40 / 64 (46 / 62 / 94, as before: its two live values are short-lived)
+# Triton 3.6; benchmarks/outer_fit.py --registers: 128 threads a row, 4 warps, split) at
+# 8 / 16 / 32 elements a thread, against this estimate and the one before (a loaded word
+# an element beside the accumulators): dy.float().sum(0) 32 / 35 / 56 (34 / 42 / 58;
+# 42 / 58 / 90); the GELU backward's bias gradient 48 / 80 / 145 (62 / 94 / 158; 46 / 62 /
+# 94: 5 blocks of 4 warps a SM where 3 fit); a scaled row's max and sum 40 / 56 / 103
+# (42 / 58 / 90; 50 / 74 / 122); x * sigmoid(x) 32 / 40 / 64 (46 / 62 / 94, as before:
+# its two live values are short-lived)
 def triton_registers(plan: KernelPlan) -> int:
     """Registers per thread the Triton backend's kernel for `plan` is expected to use."""
     spec, s = plan.spec, plan
