@@ -24,15 +24,14 @@ class TritonBackend(Backend):
     # sweep.jsonl; its kernels had no staged row loop yet) and the GELU backward's bias
     # gradient at 8192x768, 8192x3072, 16384x3072, 32768x3072 (benchmarks/results/
     # h100-2026-11-28-session12/1-gelu-bias-sweep). The column sum wants bytes in flight
-    # and more warps than CUDA's stream (warps_exp), 4 rows a thread, one thread row
+    # and more warps than CUDA's stream (warps_exp), 4 rows a thread and one thread row
     # (tl.sum over a taller tile costs a shared-memory round trip a halving of thread rows
-    # and a row a thread, combine_us); the GELU
-    # backward, ~55 instructions an element against the column sum's ~8, wants warps to
-    # hide its math (32 a SM: 8 blocks of 4 warps at one row a thread, whose registers
-    # leave no more) and no masked lanes (768 columns in 1024-wide tiles issue a third
-    # more). Its choices come within 1.6-5.2% of the fastest measured (median 2.2%; the
-    # constants before: 6.6-23.7%), the column sum's are unchanged (0-6.5%), and none
-    # moves when any one constant moves by 25%
+    # and a row a thread, combine_us). The GELU backward, ~55 instructions an element
+    # against the column sum's ~8, wants warps to hide its math (32 a SM: 8 blocks of 4
+    # warps at one row a thread, whose registers leave no more) and no masked lanes (768
+    # columns in 1024-wide tiles issue a third more). Its choices come within 1.6-5.2% of
+    # the fastest measured (median 2.2%; the constants before: 6.6-23.7%), the column
+    # sum's are unchanged (0-6.5%), and none moves when any one constant moves by 25%
     # no aligned_walk: Triton renders it (tests run it in the interpreter), but ptxas gave the
     # cross-entropy bf16 50257 walk 212 registers against an estimate of 81 (1 block/SM)
     limits = Limits(
