@@ -16,7 +16,8 @@ The model (constants per backend in `Backend.limits.outer`, fuser.backends.base
 OuterModel; fitted by benchmarks/outer_fit.py to the H100 sweeps of dy.float().sum(0) and
 of the GELU backward's bias gradient): the main pass streams every FULL tensor (read and
 written: a fused producer's inputs and its full output count too) at the copy ceiling
-scaled by a power law of the bytes in flight a SM (Little's law), capped at 1. Its
+scaled by two power laws capped at 1, of the bytes in flight a SM (Little's law) and of
+the resident warps a SM (their loads' latency; a lone block walking many rows). Its
 instructions (math_per_element: the loop's share, each tensor's load or store, each op of
 the producer per element and the accumulate; masked lanes of a tile wider than the
 columns and masked rows of the last step issue too) run at the SMs' issue rate scaled by a
