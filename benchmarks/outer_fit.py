@@ -48,7 +48,7 @@ SWEEPS = [
     ROOT / "h100-2026-11-28-session12/1-gelu-bias-sweep/results.jsonl",
 ]
 SCHEDULE = re.compile(
-    r"outer_reduction v(\d+) tpr(\d+) rpb(\d+)(?: split(\d+))?(?: fin(\d+))? warps(\d+)"
+    r"outer_reduction v(\d+) tpr(\d+) rpb(\d+)(?: split(\d+))?(?: fin(\d+))? warps(\d+)(?: i64)?"
 )
 BF16 = torch.bfloat16
 
@@ -312,7 +312,7 @@ def main() -> int:
     if args.fit:
         fit(cases, args.backend, args.fields.split(","), args.steps, args.seed)
         return 0
-    print("H100 sweeps: " + ", ".join(str(p.relative_to(ROOT.parent.parent)) for p in args.sweeps))
+    print("H100 sweeps: " + ", ".join(map(str, args.sweeps)))
     rows = table(cases)
     for form in sorted({c.form for c in cases}):
         regrets = [r["regret"] for c, r in zip(cases, rows) if c.form == form]
