@@ -159,7 +159,7 @@ def test_heuristic_at_the_targets(backend_name, form, shape) -> None:
     assert s.finalize_cols >= s.vector and -(-shape[1] // s.finalize_cols) >= dev.sms // 2
     text = "\n".join(s.reasons)
     assert "split-M two stage" in text and "unsplit, the best column tiling" in text
-    assert "warps a SM" in text and "of the copy ceiling, thread-row combines" in text
+    assert "warps a SM" in text and "of the copy ceiling" in text and "thread-row combines" in text
     assert "finalize as a second launch" in text and "fixed order" in text
     # explain prints the plan's finalize launch
     assert "finalize launch: grid" in k.plan.text()

@@ -12,21 +12,30 @@ from fuser.plan.kernel_plan import KernelPlan
 @dataclass(frozen=True)
 class OuterModel:
     """The outer (column) reduction's cost model constants for one backend's kernels
-    (fuser.schedulers.outer.cost). The main pass streams at
+    (fuser.schedulers.outer.cost). The main pass streams its bytes in
 
-        copy_fraction x DRAM bandwidth x min(1, F / in_flight_kb) ** in_flight_exp
-                                       x min(1, W / warps) ** warps_exp
+        memory = bytes / (copy_fraction x DRAM bandwidth x min(1, F / in_flight_kb) ** in_flight_exp
+                                                        x min(1, W / warps) ** warps_exp)
 
-    (F: KB of loads and stores in flight a SM, W: resident warps a SM), plus
-    `combine_us` a wave of blocks for each halving of the block's thread rows (the
-    epilogue's cross-thread combine), `launch_us` for the main launch's ramp and
-    `finalize_us` for a split's second launch.
+    (F: KB of loads and stores in flight a SM, W: resident warps a SM) and, where
+    `overlap` is set, issues its instructions in
+
+        math = covered elements x instructions an element
+               / (SMs x issue_per_us x min(1, W / math_warps) ** math_warps_exp)
+
+    (outer.math_per_element: the producer's ops, the loads and stores, the accumulate;
+    masked lanes and rows issue too), the two overlapping as (memory^p + math^p)^(1/p),
+    p = `overlap`. Plus `combine_us` a wave of blocks for each halving of the block's
+    thread rows and each row a thread accumulates (the epilogue's cross-thread combine of
+    its fp32 tile), `launch_us` for the main launch's ramp and `finalize_us` for a split's
+    second launch.
 
     The defaults are fitted to the CUDA kernels' H100 sweep
     (benchmarks/results/h100-2026-11-25-outer-sweep/sweep.jsonl, 445 timed schedules of
     dy.float().sum(0) at 8192x768, 8192x3072, 32768x3072): the model's choice is within
     4% of the fastest measured schedule at each shape (the sweep's run-to-run noise is
-    ~5%)."""
+    ~5%). They leave the math unpriced (overlap 0): no CUDA kernel with a producer's math
+    has been swept (benchmarks/outer_fit.py reports the fit)."""
 
     copy_fraction: float = 0.9  # the copy ceiling: 3029 of 3350 GB/s measured
     in_flight_kb: float = 32.0
@@ -36,6 +45,12 @@ class OuterModel:
     combine_us: float = 0.0  # CUDA combines thread rows with warp shuffles: lost in noise
     launch_us: float = 5.0
     finalize_us: float = 2.0
+    # lane instructions a SM issues a microsecond: an H100 SM's 4 schedulers x 32 lanes
+    # x 1.755 GHz (its clock under load)
+    issue_per_us: float = 224.6e3
+    math_warps: float = 20.0
+    math_warps_exp: float = 0.6
+    overlap: float = 0.0  # 0: the math is not priced
 
 
 @dataclass(frozen=True)

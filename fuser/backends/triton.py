@@ -19,13 +19,19 @@ class TritonBackend(Backend):
     ahead_of_time = "warmup"
     gemm_template = True
     # prefetching lost 5-7% at 2+ blocks/SM (12288, 16384) and won 12% at 1 (20480)
-    # outer reductions: the H100 sweep (benchmarks/results/h100-2026-11-25-outer-sweep/
-    # sweep.jsonl, 445 schedules of dy.float().sum(0) at 8192x768, 8192x3072, 32768x3072)
-    # is fastest with one thread row a block (128 threads over 1024 columns, 4 rows a step,
-    # hundreds of row splits): tl.sum over the tile's rows costs a shared-memory round
-    # trip a halving of thread rows (combine_us), and the stream needs more warps a SM
-    # than CUDA's (warps_exp). Fitted choice within 4.3% of the fastest at each shape (the
-    # old model's 24-45%)
+    # outer reductions, fitted (benchmarks/outer_fit.py) to two H100 sweeps: dy.float().sum(0)
+    # at 8192x768, 8192x3072, 32768x3072 (benchmarks/results/h100-2026-11-25-outer-sweep/
+    # sweep.jsonl; its kernels had no staged row loop yet) and the GELU backward's bias
+    # gradient at 8192x768, 8192x3072, 16384x3072, 32768x3072 (benchmarks/results/
+    # h100-2026-11-28-session12/1-gelu-bias-sweep). The column sum wants bytes in flight
+    # and more warps than CUDA's stream (warps_exp), 4 rows a thread and one thread row
+    # (tl.sum over a taller tile costs a shared-memory round trip a halving of thread rows
+    # and a row a thread, combine_us). The GELU backward, ~55 instructions an element
+    # against the column sum's ~8, wants warps to hide its math (32 a SM: 8 blocks of 4
+    # warps at one row a thread, whose registers leave no more) and no masked lanes (768
+    # columns in 1024-wide tiles issue a third more). Its choices come within 1.6-5.2% of
+    # the fastest measured (median 2.2%; the constants before: 6.6-23.7%), the column
+    # sum's are unchanged (0-6.5%), and none moves when any one constant moves by 25%
     # no aligned_walk: Triton renders it (tests run it in the interpreter), but ptxas gave the
     # cross-entropy bf16 50257 walk 212 registers against an estimate of 81 (1 block/SM)
     limits = Limits(
@@ -33,7 +39,9 @@ class TritonBackend(Backend):
         prefetch=True,
         prefetch_max_blocks_per_sm=1,
         looped_l2_hints=True,
-        outer=OuterModel(in_flight_exp=0.25, warps=12.0, warps_exp=0.5, combine_us=0.75),
+        outer=OuterModel(
+            in_flight_exp=0.25, warps=12.0, warps_exp=0.5, combine_us=0.25, overlap=6.0
+        ),
     )
 
     def render(self, plan: KernelPlan) -> str:

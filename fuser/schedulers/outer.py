@@ -12,15 +12,23 @@ with a cost model of the device:
   of each column in a fixed order (deterministic, no float atomics). Its tile is
   `finalize_cols` columns a block, its threads spread over the partials.
 
-The model (constants per backend in `Backend.limits.outer`, fitted to the H100 sweep
-benchmarks/results/h100-2026-11-25-outer-sweep/sweep.jsonl; see fuser.backends.base
-OuterModel): the main pass streams every FULL tensor (read and written: a fused
-producer's inputs and its full output count too) at the copy ceiling scaled by two
-power laws capped at 1, one of the bytes in flight a SM (Little's law) and one of the resident
-warps a SM (what hides the loop's non-load work: a producer's math, the stores, the
-accumulate). Blocks beyond one wave, or SMs with more blocks than others, stretch it;
-each wave of blocks pays its epilogue's cross-thread combine; the row splits cost their
-workspace traffic (written once, read once) and the finalize launch.
+The model (constants per backend in `Backend.limits.outer`, fuser.backends.base
+OuterModel; fitted by benchmarks/outer_fit.py to the H100 sweeps of dy.float().sum(0) and
+of the GELU backward's bias gradient): the main pass streams every FULL tensor (read and
+written: a fused producer's inputs and its full output count too) at the copy ceiling
+scaled by two power laws capped at 1, of the bytes in flight a SM (Little's law) and of
+the resident warps a SM (their loads' latency; a lone block walking many rows). Its
+instructions (math_per_element: the loop's share, each tensor's load or store, each op of
+the producer per element and the accumulate; masked lanes of a tile wider than the
+columns and masked rows of the last step issue too) run at the SMs' issue rate scaled by a
+power law of the resident warps a SM (what hides their latencies). The two overlap as a
+smooth maximum: a column sum of bf16 (~8 instructions an element) is the memory stream's,
+the GELU backward (~55) is as much math as memory and wants 32 warps a SM, the registers
+of one row a thread (registers.math_live_words prices its temporaries). Blocks beyond
+one wave, or SMs with more blocks than others, stretch the pass; each wave of blocks pays
+its epilogue's cross-thread combine (Triton's tl.sum over the tile's thread rows); the
+row splits cost their workspace traffic (written once, read once) and the finalize launch.
+CUDA prices no math yet: no CUDA kernel with a producer's math has been swept.
 """
 
 from __future__ import annotations
@@ -28,8 +36,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fuser.backends.base import Backend
+from fuser.backends.base import Backend, OuterModel
 from fuser.backends.registry import get_backend
+from fuser.ir.ops import REDUCE, Op
 from fuser.schedulers.common import (
     _estimate,
     _with,
@@ -42,6 +51,7 @@ from fuser.schedulers.common import (
 from fuser.schedulers.device import Device
 from fuser.schedulers.schedule import Schedule
 from fuser.schedulers.spec import KernelSpec
+from fuser.segmenter import Kind
 
 # Predicted times within this fraction of the fastest are ties (the fit's resolution; a
 # wider band picked 8192x4096's GELU backward at 2 row splits, 1 block a SM: 0.18 ms
@@ -65,6 +75,36 @@ FINALIZE_WHY = (
 )
 
 
+# sm_90 instructions an element of a Triton outer reduction's loop (Triton 3.6 through
+# ptxas, no GPU: benchmarks/outer_fit.py --sass compiles a column sum of op(x) over bf16 x
+# and subtracts the plain column sum's 7.6): the libdevice functions are tens of
+# instructions (tanh's two branches both run in a warp whose lanes straddle |x| = 0.6),
+# the MUFU approximations a few. Other ops take one, a broadcast or constant none.
+OP_INSTRUCTIONS = {
+    Op.EXP: 7,
+    Op.EXP2: 2,
+    Op.LOG: 29,
+    Op.LOG2: 31,
+    Op.LOG1P: 45,
+    Op.TANH: 24,
+    Op.ERF: 30,
+    Op.SIGMOID: 17,
+    Op.DIV: 16,
+    Op.RECIPROCAL: 10,
+    Op.SQRT: 17,
+    Op.RSQRT: 2,
+    Op.POW: 160,
+    Op.SIN: 3,
+    Op.COS: 3,
+    Op.BROADCAST_IN_DIM: 0,
+}
+# an element's share of the loop (its mask, the staged loads' addresses) and of each FULL
+# tensor loaded or stored (address, mask, the bf16 (un)packing): dy.float().sum(0) came to
+# 7.6 (4 + 1.6 + the cast + the add), the GELU backward's 54.8 (4 + 3 x 1.6 + 46)
+LOOP_INSTRUCTIONS = 4.0
+ARG_INSTRUCTIONS = 1.6
+
+
 @dataclass(frozen=True)
 class OuterCost:
     """The cost model's view of one outer schedule (times in microseconds)."""
@@ -74,6 +114,9 @@ class OuterCost:
     in_flight_kb: float  # loads and stores in flight per SM
     warps: float  # resident warps per SM, on average
     efficiency: float  # of the copy ceiling, from the two above
+    memory_us: float  # the main pass's bytes at that efficiency
+    math_us: float  # its instructions at the issue rate its warps allow (0: not priced)
+    issue: float  # that issue rate's fraction of the SMs' peak
     combine_us: float  # the epilogues' cross-thread combines (in main_us)
     main_us: float
     workspace_us: float
@@ -82,6 +125,19 @@ class OuterCost:
     @property
     def total_us(self) -> float:
         return self.main_us + self.workspace_us + self.finalize_us
+
+
+def math_per_element(spec: KernelSpec) -> float:
+    """Instructions a thread issues for an element of the main pass: the loop's share,
+    each FULL tensor's load or store, each op computed per element (OP_INSTRUCTIONS; one
+    where not listed) and each reduction's accumulate. Ops on row or column values are
+    computed once a row or column and not counted."""
+    ops = sum(
+        OP_INSTRUCTIONS.get(n.op, 1)
+        for n in spec.nodes
+        if n.op in REDUCE or spec.kinds.get(n.out.id) == Kind.FULL
+    )
+    return LOOP_INSTRUCTIONS + ARG_INSTRUCTIONS * len(spec.full_args()) + ops
 
 
 def _step_bytes(spec: KernelSpec) -> int:
@@ -100,12 +156,18 @@ def finalize_cols(spec: KernelSpec, dev: Device, v: int, split: int) -> int:
 
 
 def cost(
-    spec: KernelSpec, dev: Device, s: Schedule, regs: int, backend: Backend | str = "triton"
+    spec: KernelSpec,
+    dev: Device,
+    s: Schedule,
+    regs: int,
+    backend: Backend | str = "triton",
+    model: OuterModel | None = None,
 ) -> OuterCost:
-    """Predicted time of `s` with `backend`'s constants: the main pass at the bandwidth its
-    bytes in flight and resident warps allow, stretched by waves and imbalance, plus the
-    epilogues' combine, the workspace traffic and the finalize."""
-    m = get_backend(backend).limits.outer
+    """Predicted time of `s` with `backend`'s constants (or `model`'s): the main pass's
+    memory stream at the bandwidth its bytes in flight allow, overlapped with its
+    instructions at the issue rate its resident warps allow, stretched by waves and
+    imbalance, plus the epilogues' combine, the workspace traffic and the finalize."""
+    m = model or get_backend(backend).limits.outer
     blocks = math.prod(s.grid)
     resident = max(dev.blocks_per_sm(s.threads, regs), 1)
     per_sm = min(resident, -(-blocks // dev.sms))
@@ -118,19 +180,31 @@ def cost(
     warps = avg * s.threads / dev.warp_size
     eff = min(1.0, in_flight_kb / m.in_flight_kb) ** m.in_flight_exp
     eff *= min(1.0, warps / m.warps) ** m.warps_exp
-    bw = dev.dram_gbps * 1e3 * m.copy_fraction * eff  # B/us
+    memory = spec.bytes_moved() / (dev.dram_gbps * 1e3 * m.copy_fraction * eff)
+    body, math_us, issue = memory, 0.0, 1.0
+    if m.overlap:
+        # every block runs the busiest block's steps and every lane of its tile: masked
+        # rows and columns issue their math too
+        row_step = max(s.rows_per_block, thread_rows)
+        rows = -(-spec.rows // (row_step * s.split_rows)) * row_step * s.split_rows
+        elements = rows * s.grid[0] * s.chunk
+        issue = min(1.0, warps / m.math_warps) ** m.math_warps_exp
+        math_us = elements * math_per_element(spec) / (dev.sms * m.issue_per_us * issue)
+        body = (memory**m.overlap + math_us**m.overlap) ** (1 / m.overlap)
     # waves: blocks run resident x sms at a time; the busiest SM sets the time
     waves = blocks / (dev.sms * resident)
     stretch = max(1.0, math.ceil(waves) / waves) if waves > 1 else 1.0
     if blocks >= dev.sms:
         stretch *= math.ceil(blocks / dev.sms) / (blocks / dev.sms)
-    combine = m.combine_us * math.ceil(waves) * math.log2(thread_rows)
-    main = m.launch_us + spec.bytes_moved() / bw * stretch + combine
+    combine = m.combine_us * math.ceil(waves) * math.log2(thread_rows) * loads
+    main = m.launch_us + body * stretch + combine
     ws = fin = 0.0
     if s.split_rows > 1:
         ws = 2 * s.split_rows * spec.cols * 4 * len(spec.reductions) / (dev.dram_gbps * 1e3)
         fin = m.finalize_us
-    return OuterCost(blocks, per_sm, in_flight_kb, warps, eff, combine, main, ws, fin)
+    return OuterCost(
+        blocks, per_sm, in_flight_kb, warps, eff, memory, math_us, issue, combine, main, ws, fin
+    )
 
 
 def _split(spec: KernelSpec, dev: Device, col_tiles: int, rows_per_step: int, k: int) -> int:
@@ -220,10 +294,16 @@ def _pick(scored: list[tuple[Schedule, int, OuterCost]]) -> tuple[Schedule, int,
 
 def _describe(spec: KernelSpec, dev: Device, s: Schedule, c: OuterCost) -> str:
     loads = max(s.rows_per_block * s.threads_per_row // s.threads, 1)
+    math_part = (
+        f", {math_per_element(spec):.0f} instructions an element at {c.issue:.0%} of the issue "
+        f"rate {c.math_us:.1f} us overlapping memory {c.memory_us:.1f} us"
+        if c.math_us
+        else ""
+    )
     return (
         f"{c.blocks} blocks ({c.blocks_per_sm} resident a SM), {loads} step(s) of "
         f"{s.vector * _step_bytes(spec)} B in flight a thread = {c.in_flight_kb:.0f} KB and "
-        f"{c.warps:.0f} warps a SM: {c.efficiency:.0%} of the copy ceiling, "
+        f"{c.warps:.0f} warps a SM: {c.efficiency:.0%} of the copy ceiling{math_part}, "
         f"thread-row combines {c.combine_us:.2f} us, predicted {c.total_us:.1f} us"
     )
 

@@ -100,6 +100,39 @@ def row_live_words(spec: KernelSpec) -> float:
     return most
 
 
+def math_live_words(spec: KernelSpec) -> float:
+    """32-bit registers per row element the elementwise math keeps live at once: at each
+    node in the spec's order, the FULL values computed (or loaded, from their first use)
+    before it and used after it, in words of their dtype (a 16-bit value half a word).
+    A broadcast row or column value is not counted (one register a thread row or column).
+    The GELU backward's tanh-form derivative keeps x, x^2, tanh and a partial product: 4;
+    a cast feeding a column sum: 1."""
+    loaded = {a.value.id: a.dtype for a in spec.inputs if a.kind == Kind.FULL}
+    last_use: dict[int, int] = {}
+    born: dict[int, int] = {}
+    for i, n in enumerate(spec.nodes):
+        for v in n.inputs:
+            last_use[v.id] = i
+            if v.id in loaded:
+                born.setdefault(v.id, i)
+    width = {vid: max(d.itemsize, 2) / 4 for vid, d in loaded.items()}
+    for i, n in enumerate(spec.nodes):
+        # a broadcast row or column value is one register a thread row or column, not
+        # one an element
+        if n.op in REDUCE or n.op == Op.BROADCAST_IN_DIM:
+            continue
+        if spec.kinds.get(n.out.id) == Kind.FULL:
+            born[n.out.id] = i
+            width[n.out.id] = max(n.out.dtype.itemsize, 2) / 4
+    return max(
+        (
+            sum(w for vid, w in width.items() if born.get(vid, i + 1) <= i < last_use.get(vid, -1))
+            for i in range(len(spec.nodes))
+        ),
+        default=0.0,
+    )
+
+
 def working_registers(spec: KernelSpec, elements_per_thread: int) -> int:
     """Registers for the chunk in flight: the loaded elements, packed 32 bits a register."""
     loaded = [a.dtype for a in spec.full_args() if not a.is_output]
@@ -218,6 +251,17 @@ def triton_inner_outer_registers(plan: KernelPlan) -> int:
     return inner_outer_registers(plan, per_thread, INNER_OUTER_BASE_TRITON, row)
 
 
+# OUTER_TRITON_NOTE: a Triton outer reduction's thread holds, per element of its
+# [rows_per_block, chunk] share, each reduction's fp32 accumulator and the producer's
+# temporaries beyond the value summed (math_live_words - 1); its loads come through the
+# staged row loop's shared memory (plan.row_stages), not held beside them. ptxas (sm_90,
+# Triton 3.6; benchmarks/outer_fit.py --registers: 128 threads a row, 4 warps, split) at
+# 8 / 16 / 32 elements a thread, against this estimate and the one before (a loaded word
+# an element beside the accumulators): dy.float().sum(0) 32 / 35 / 56 (34 / 42 / 58;
+# 42 / 58 / 90); the GELU backward's bias gradient 48 / 80 / 145 (62 / 94 / 158; 46 / 62 /
+# 94: 5 blocks of 4 warps a SM where 3 fit); a scaled row's max and sum 40 / 56 / 103
+# (42 / 58 / 90; 50 / 74 / 122); x * sigmoid(x) 32 / 40 / 64 (46 / 62 / 94, as before:
+# its two live values are short-lived)
 def triton_registers(plan: KernelPlan) -> int:
     """Registers per thread the Triton backend's kernel for `plan` is expected to use."""
     spec, s = plan.spec, plan
@@ -235,11 +279,12 @@ def triton_registers(plan: KernelPlan) -> int:
         regs, _ = estimate_registers(spec, per_thread, looped_chunks(s), s.num_warps, False)
         return min(regs + looped_extra_registers(s, per_thread), 255)
     per_thread = max(s.rows_per_block * s.chunk // s.threads, 1)
-    regs = estimate_registers(spec, per_thread, 1, s.num_warps, False)[0]
     if s.kind == "outer_reduction":
-        # the [rows_per_block, chunk] fp32 accumulator tile of each reduction
-        regs += per_thread * len(spec.reductions)
-    return min(regs, 255)
+        # the [rows_per_block, chunk] fp32 accumulator tile of each reduction, and the
+        # producer's temporaries beyond the value a reduction consumes (OUTER_TRITON_NOTE)
+        words = len(spec.reductions) + max(0.0, math_live_words(spec) - 1)
+        return min(overhead(spec, 1, s.num_warps) + math.ceil(per_thread * words), 255)
+    return estimate_registers(spec, per_thread, 1, s.num_warps, False)[0]
 
 
 def one_warp_registers(regs: int) -> int:
