@@ -52,11 +52,14 @@ def recompiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _step(check: bool) -> FuserBackend:
+    """One training step of the tiny GPT-2 (on the GPU where there is one: CPU tensors
+    there would leave every region to ATen)."""
     torch.manual_seed(0)
-    model = GPT(get_config("tiny"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = GPT(get_config("tiny")).to(device)
     backend = FuserBackend(strict=True, check=check)
     compiled = torch.compile(model, backend=backend)
-    idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1)).to(device)
     _, loss = compiled(idx[:, :-1], idx[:, 1:])
     loss.backward()
     return backend
