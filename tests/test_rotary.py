@@ -196,28 +196,3 @@ def test_tiny_llama_rotary_fuses_forward_and_backward(_fresh_dynamo):
             turns = [k for k in plan.kernels.values() if "neg" in k.spec.segment.ops_summary()]
             assert turns and all("broadcast_in_dim" in k.spec.segment.ops_summary() for k in turns)
     assert bw.scatters and "sorted scatter-add" in bw.scatters[0]
-
-
-@pytest.mark.parametrize("op", ["add", "softmax"])
-def test_rows_taken_in_memory_order(backend, op):
-    """Two [B, H, T, D] inputs made as [B, T, H, D] and transposed (transformers' q and
-    its gradient) and a contiguous output: most bytes are in (b, t, h) order, so the
-    kernel takes its rows in that order (runtime/row_order.py), every argument addressed
-    through row dims in it; a pointwise op and a row softmax give eager's numbers."""
-    g = torch.Generator().manual_seed(2)
-    x, y = (torch.randn(B, T, H, D, generator=g).transpose(1, 2) for _ in range(2))
-    with fuser.FusionDefinition(f"rows_{op}") as fd:
-        a = fd.define_tensor([B, H, T, D], torch.float32)
-        b = fd.define_tensor([B, H, T, D], torch.float32)
-        s = fd.ops.add(fd.ops.mul(a, 2.0), b)
-        fd.add_output(fd.ops.softmax(s, dim=3) if op == "softmax" else s)
-    (out,) = fd.execute([x, y])
-    want = 2 * x.double() + y.double()
-    want = torch.softmax(want, -1) if op == "softmax" else want
-    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-6)
-    assert "rows taken in their memory order, dim 0 (2) x dim 2 (5) x dim 1 (3)" in fd.explain()
-    (k,) = fd.kernels
-    # x in the walk's order: b, then t, then h (strides T*H*D, H*D, D)
-    assert f"({B}, {T * H * D}) x ({T}, {H * D}) x ({H}, {D})" in k.source, k.source
-    # the contiguous output too: b, t, h with its own strides
-    assert f"({B}, {H * T * D}) x ({T}, {D}) x ({H}, {T * D})" in k.source, k.source

@@ -12,7 +12,6 @@ from typing import Any
 from fuser.ir.broadcast import row_map
 from fuser.ir.graph import Graph, Value
 from fuser.ir.ops import INDEXED, Op
-from fuser.runtime.row_order import reorder_rows, row_order
 from fuser.schedulers.spec import Arg, KernelSpec
 from fuser.segmenter import Kind, Segment
 
@@ -209,16 +208,6 @@ def build_specs(
                     align = 16
                     copied.add((seg.index, v.id))
                 args.append(Arg(v, kind, is_out, st[0], st[1], align))
-        order = row_order(seg, args)
-        if order is not None:
-            lead = tuple(layout.domain[:-1])
-            args = reorder_rows(args, order, lead)
-            if notes is not None:
-                walk = " x ".join(f"dim {i} ({lead[i]})" for i in order)
-                notes.append(
-                    f"{name}_k{seg.index}: rows taken in their memory order, {walk} "
-                    "(consecutive rows consecutive in memory)"
-                )
         flat = _flat_pointwise(seg, args)
         if flat is not None:
             if notes is not None:
