@@ -121,7 +121,9 @@ def test_a_misaligned_input_is_planned_for_itself(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(executor, "plan", counting)
     g = torch.Generator().manual_seed(3)
-    flat, y = torch.randn(3 * 64 + 1, generator=g), torch.randn(3, 64, generator=g)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    flat, y = (torch.randn(n, generator=g).to(dev) for n in (3 * 64 + 1, 3 * 64))
+    y = y.view(3, 64)
     aligned = flat[:-1].clone().view(3, 64)
     (out,) = fd.execute([aligned, y])
     torch.testing.assert_close(out, aligned.exp() + y)

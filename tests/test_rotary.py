@@ -16,6 +16,9 @@ import torch
 import fuser
 
 B, H, T, D = 2, 3, 5, 12
+# where there is a GPU, tensors live there (CPU tensors run through Triton's interpreter
+# only in a process without one)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _rope_fd(dtype: torch.dtype) -> fuser.FusionDefinition:
@@ -47,8 +50,8 @@ def _rope_ref(q, cos, sin):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_reads_q_and_cos_in_place(backend, dtype):
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(B, T, H, D, generator=g).to(dtype).transpose(1, 2)  # rows do not collapse
-    cos, sin = (torch.randn(B, T, D, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(B, T, H, D, generator=g).to(DEV, dtype).transpose(1, 2)  # rows do not collapse
+    cos, sin = (torch.randn(B, T, D, generator=g).to(DEV, dtype) for _ in range(2))
     fd = _rope_fd(dtype)
     (out,) = fd.execute([q, cos, sin])
     tol = {"rtol": 2**-7, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
@@ -88,8 +91,8 @@ def test_rope_backward_reads_sin_through_the_head_broadcast(backend, dtype):
     kernel materializes the [B, H, T, D] broadcast of sin (a full fp32 tensor written
     and read back, twice q's traffic on an H100) before the kernel that uses it."""
     g = torch.Generator().manual_seed(1)
-    grad = torch.randn(B, T, H, D, generator=g).to(dtype).transpose(1, 2)
-    cos, sin = (torch.randn(B, T, D, generator=g).to(dtype) for _ in range(2))
+    grad = torch.randn(B, T, H, D, generator=g).to(DEV, dtype).transpose(1, 2)
+    cos, sin = (torch.randn(B, T, D, generator=g).to(DEV, dtype) for _ in range(2))
     fd = _rope_backward_fd(dtype)
     (out,) = fd.execute([grad, cos, sin])
     gd, c, s = grad.double(), cos.double()[:, None], sin.double()[:, None]
@@ -114,7 +117,7 @@ def test_partial_broadcast_of_a_computed_value_splits(backend):
         c = fd.ops.broadcast_in_dim(fd.ops.cos(ang), shape=[B, H, T, D], broadcast_dims=[0, 2, 3])
         fd.add_output(fd.ops.mul(q, c))
     g = torch.Generator().manual_seed(1)
-    q, ang = torch.randn(B, H, T, D, generator=g), torch.randn(B, T, D, generator=g)
+    q, ang = torch.randn(B, H, T, D, generator=g).to(DEV), torch.randn(B, T, D, generator=g).to(DEV)
     (out,) = fd.execute([q, ang])
     torch.testing.assert_close(out, q * ang.cos()[:, None])
     assert len(fd.kernels) == 2 and "ATen fallback" not in fd.explain()
@@ -129,7 +132,7 @@ def test_row_broadcast_over_some_row_dims(backend):
         sb = fd.ops.broadcast_in_dim(s, shape=[B, H, T, D], broadcast_dims=[0, 2])
         fd.add_output(fd.ops.mul(x, sb))
     g = torch.Generator().manual_seed(2)
-    x, s = torch.randn(B, H, T, D, generator=g), torch.randn(B, T, generator=g)
+    x, s = torch.randn(B, H, T, D, generator=g).to(DEV), torch.randn(B, T, generator=g).to(DEV)
     (out,) = fd.execute([x, s])
     torch.testing.assert_close(out, x * s[:, None, :, None])
     assert len(fd.kernels) == 1 and "ATen fallback" not in fd.explain()
@@ -147,8 +150,8 @@ def test_row_norm_of_a_transposed_input_into_a_transposed_output(backend):
         fd.add_output(fd.ops.cast(y, torch.bfloat16))
     fd.output_strides[0] = (T * H * d, d, H * d, 1)
     g = torch.Generator().manual_seed(3)
-    q = torch.randn(B, T, H, d, generator=g).bfloat16().transpose(1, 2)
-    w = torch.randn(d, generator=g).bfloat16()
+    q = torch.randn(B, T, H, d, generator=g).to(DEV, torch.bfloat16).transpose(1, 2)
+    w = torch.randn(d, generator=g).to(DEV, torch.bfloat16)
     (out,) = fd.execute([q, w])
     want = torch.nn.functional.rms_norm(q.double(), (d,), w.double(), eps=1e-6)
     assert out.stride() == q.stride()
@@ -173,8 +176,8 @@ def test_tiny_llama_rotary_fuses_forward_and_backward(_fresh_dynamo):
     from fuser.dynamo import FuserBackend
     from fuser.suite.models import batch, build
 
-    eager, fused = build("llama", "tiny", "cpu"), build("llama", "tiny", "cpu")
-    kw = batch("llama", "tiny", eager, "cpu", 0)
+    eager, fused = build("llama", "tiny", DEV), build("llama", "tiny", DEV)
+    kw = batch("llama", "tiny", eager, DEV, 0)
     backend = FuserBackend(strict=True)
     want = eager(**kw).loss
     got = torch.compile(fused, backend=backend)(**kw).loss
