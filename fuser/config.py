@@ -97,6 +97,7 @@ class Config:
     linear_cross_entropy: str = "auto"
     inner_outer_stages: int = 0
     looped_stages: int = 0
+    plan_cache: bool = True
     launcher: str = ""
 
 
@@ -121,6 +122,7 @@ def _read() -> Config:
         linear_cross_entropy=os.environ.get("FUSER_LINEAR_CE", "auto") or "auto",
         inner_outer_stages=int(os.environ.get("FUSER_INNER_OUTER_STAGES", "0") or 0),
         looped_stages=int(os.environ.get("FUSER_LOOPED_STAGES", "0") or 0),
+        plan_cache=os.environ.get("FUSER_PLAN_CACHE", "1") not in ("", "0"),
         launcher=os.environ.get("FUSER_LAUNCHER", ""),
     )
 

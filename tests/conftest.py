@@ -61,3 +61,11 @@ def pad_every_matmul(monkeypatch: pytest.MonkeyPatch) -> None:
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def no_plan_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans are made afresh in tests (runtime/plan_cache.py): tests change planning
+    functions and limits in place, which a plan cached on disk by an earlier test or run
+    would not see. tests/test_plan_cache.py turns it on in a folder of its own."""
+    monkeypatch.setattr(config, "plan_cache", False)

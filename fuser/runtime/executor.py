@@ -17,7 +17,7 @@ from fuser.ir.evaluate import constant_ids, eval_node, evaluate
 from fuser.ir.graph import Graph
 from fuser.passes import Pipeline, run_pipeline
 from fuser.plan.build import make_plan
-from fuser.runtime import timing
+from fuser.runtime import plan_cache, timing
 from fuser.runtime.buffers import empty_whole
 from fuser.runtime.checks import poll
 from fuser.runtime.kernel import Kernel, device_problem
@@ -47,6 +47,7 @@ class CompiledFusion:
     # a fusion output the definition asks in another layout (fd.output_strides), written
     # in place by its kernel through row_dims
     alloc_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    from_disk: bool = False  # read from the plan cache (runtime/plan_cache.py)
 
     def __post_init__(self) -> None:
         # read on every call: derived once here
@@ -122,7 +123,9 @@ class CompiledFusion:
     def explain(self) -> str:
         lines = [
             f"fusion: {len(self.segments)} segment(s) on {self.device.name} "
-            f"[{self.backend}], planned in {self.compile_seconds * 1e3:.0f} ms"
+            f"[{self.backend}], "
+            + ("read from the plan cache" if self.from_disk else "planned")
+            + f" in {self.compile_seconds * 1e3:.0f} ms"
         ]
         lines += [f"note: {n}" for n in self.notes]
         for seg in self.segments:
@@ -153,6 +156,38 @@ def plan(
     out_strides: dict[int, tuple[int, ...]] | None = None,
 ) -> CompiledFusion:
     t0 = time.perf_counter()
+    key = plan_cache.plan_key(
+        graph, inputs, name, backend, device, relaxed, out_strides, _planned_alignment
+    )
+    cached = None
+    if key is not None:
+        with timing.phase("plan cache"):
+            cached = plan_cache.load(key, CompiledFusion)
+    if cached is not None:
+        cached.from_disk = True
+        cached.compile_seconds = time.perf_counter() - t0
+        return cached
+    cf = _plan(graph, inputs, name, backend, device, relaxed, out_strides)
+    cf.compile_seconds = time.perf_counter() - t0
+    plan_cache.store(key, cf)
+    return cf
+
+
+def _planned_alignment(t: torch.Tensor) -> int:
+    """The pointer alignment build_specs plans `t` for (16 bytes for a meta tensor)."""
+    ptr = 0 if t.is_meta else t.data_ptr()
+    return ALIGN[ptr & 15] if ptr else 16
+
+
+def _plan(
+    graph: Graph,
+    inputs: list[Any],
+    name: str,
+    backend: str,
+    device: Device,
+    relaxed: bool,
+    out_strides: dict[int, tuple[int, ...]] | None,
+) -> CompiledFusion:
     with timing.phase("passes"):
         pipeline = run_pipeline(graph, relaxed)
     final = pipeline.final
@@ -175,11 +210,9 @@ def plan(
             "inputs " + ", ".join(f"t{i}" for i in sorted({v for _, v in copied})) + " are not 2D "
             "views (their row dims do not collapse); they are passed as contiguous copies"
         )
-    cf = CompiledFusion(
+    return CompiledFusion(
         pipeline, segments, kernels, device, backend, notes, copied=copied, alloc_strides=alloc
     )
-    cf.compile_seconds = time.perf_counter() - t0
-    return cf
 
 
 def _schedules(

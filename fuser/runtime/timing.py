@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 PHASES = (
     "tracing",  # AOTAutograd's (Dynamo's own comes before the backend is called)
     "lowering",  # fuser's whole lowering of the ATen graphs (the stages below within it)
+    "plan cache",  # plans read from the disk (runtime/plan_cache.py), or looked for
     "passes",
     "segmenting",
     "scheduling",
@@ -26,7 +27,8 @@ PHASES = (
     "compiling",  # kernels compiled ahead of the first call (in parallel)
     "first calls",  # each graph's first call: plans for the real inputs, launches, program
 )
-NESTED = ("passes", "segmenting", "scheduling", "rendering")  # inside lowering / first calls
+# inside lowering / first calls
+NESTED = ("plan cache", "passes", "segmenting", "scheduling", "rendering")
 
 
 @dataclass
