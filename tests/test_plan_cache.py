@@ -141,3 +141,25 @@ def test_a_compiled_model_reads_its_plans_back(cache: list[str]) -> None:
     torch.testing.assert_close(loss1, loss0, rtol=0, atol=0)
     for g0, g1 in zip(grads0, grads1):
         torch.testing.assert_close(g1, g0, rtol=0, atol=0)
+
+
+def test_the_interpreter_is_in_the_key(cache: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's renderer writes bf16 conversions (and tanh) for the CPU interpreter
+    otherwise than for a GPU, on a device description that can be the same (a GPU host
+    with TRITON_INTERPRET=1): a plan made for one is not read back for the other."""
+    from fuser.config import use_interpreter
+
+    def bf16_scale() -> FusionDefinition:
+        with FusionDefinition("scale") as fd:
+            x = fd.define_tensor([-1, -1], torch.bfloat16)
+            fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.cast(x, torch.float32), 3.0), x.dtype))
+        return fd
+
+    x = [torch.empty(6, 40, dtype=torch.bfloat16, device="meta")]
+    sources = []
+    for interpreted in (use_interpreter(), not use_interpreter()):
+        monkeypatch.setenv("TRITON_INTERPRET", "1" if interpreted else "0")
+        (k,) = bf16_scale().compile(x, backend="triton")
+        assert ("bf16_rne" in k.source) == interpreted
+        sources.append(k.source)
+    assert cache == ["scale", "scale"] and sources[0] != sources[1]

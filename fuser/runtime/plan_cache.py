@@ -10,7 +10,10 @@ The key holds everything a plan is made from:
   made at lowering for meta tensors is the one their first call runs);
 - the fusion's name (kernel names), backend, device description and relaxed precision,
   the output strides asked for;
-- the settings of fuser.config that steer planning (all but the cache's own and debug);
+- the settings of fuser.config that steer planning (all but the cache's own and debug),
+  and whether Triton kernels run in the CPU interpreter (config.use_interpreter: the
+  Triton renderer writes bf16 conversions and tanh for the interpreter otherwise than for
+  a GPU, and a GPU host with TRITON_INTERPRET=1 plans for the same device);
 - the digest of fuser's own source files, and the versions of torch and Triton: any
   change of the code that plans, schedules or renders makes a new key.
 
@@ -28,7 +31,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from fuser.config import config
+from fuser.config import config, use_interpreter
 from fuser.runtime.cache import atomic_write, cache_root, digest, versions
 
 KIND = "plans"
@@ -85,6 +88,7 @@ def plan_key(
         relaxed,
         outs,
         _settings(),
+        use_interpreter(),
         source_digest(),
         versions(),
     )
