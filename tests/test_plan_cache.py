@@ -163,3 +163,46 @@ def test_the_interpreter_is_in_the_key(cache: list[str], monkeypatch: pytest.Mon
         assert ("bf16_rne" in k.source) == interpreted
         sources.append(k.source)
     assert cache == ["scale", "scale"] and sources[0] != sources[1]
+
+
+_CHILD = """
+import torch
+from fuser import FusionDefinition
+with FusionDefinition("norm") as fd:
+    x = fd.define_tensor([-1, -1], torch.float32)
+    w = fd.define_tensor([-1], torch.float32)
+    fd.add_output(fd.ops.layer_norm(x, weight=w, eps=1e-5))
+g = torch.Generator().manual_seed(0)
+x, w = torch.randn(6, 40, generator=g), torch.randn(40, generator=g)
+(out,) = fd.execute([x, w])
+want = torch.nn.functional.layer_norm(x, (40,), weight=w, eps=1e-5)
+torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+print("from disk" if "read from the plan cache" in fd.explain() else "planned")
+"""
+
+
+def test_another_process_reads_the_plan(tmp_path: Path) -> None:
+    """The promise itself: a second process (another hash seed: nothing in the key may
+    depend on set or dict order of strings) reads the plan the first one wrote."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    said = []
+    for seed in ("1", "2"):
+        env = {
+            **os.environ,
+            "FUSER_CACHE_DIR": str(tmp_path),
+            "FUSER_PLAN_CACHE": "1",
+            "FUSER_DISABLE_DISK_CACHE": "0",
+            "PYTHONHASHSEED": seed,
+            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+            "CUDA_VISIBLE_DEVICES": "",  # the interpreter in both
+        }
+        run = subprocess.run(
+            [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        said.append(run.stdout.strip().splitlines()[-1])
+    assert said == ["planned", "from disk"]
