@@ -99,6 +99,19 @@ def test_alignment_settings_and_source_are_in_the_key(
     assert len(cache) == 6
 
 
+def test_launch_and_compile_settings_are_not_in_the_key(
+    cache: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x, w = _inputs(4)
+    _norm("weight").execute([x, w])
+    monkeypatch.setattr(config, "compile_workers", 3)  # no part of a plan
+    monkeypatch.setattr(config, "launcher", "python")
+    fd = _norm("weight")
+    (out,) = fd.execute([x, w])
+    assert cache == ["norm"] and "read from the plan cache" in fd.explain()
+    torch.testing.assert_close(out.double(), _want("weight", x, w), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage"])
 def test_a_corrupt_entry_is_a_miss(cache: list[str], tmp_path: Path, damage: str) -> None:
     x, w = _inputs(3)
