@@ -24,6 +24,10 @@ FUSER_COMPILE_PROCESSES  1 compiles Triton kernels in worker processes first
               (fuser/runtime/compile_pool.py); default 0, threads only: on an H100 host the
               workers cut the compile phase of a cold GPT-2 124M first step (5.0 -> 3.5 s)
               but slowed its tracing more (+1.5-2.3 s), a slower first step overall
+FUSER_COMPILE_NICE  the os.nice increment of Triton's compile worker processes (default 10: they
+              only fill a cache; read by fuser/runtime/compile_worker.py in the worker)
+FUSER_PLAN_CACHE  0 plans every fusion afresh (default 1: plans kept on disk under the cache
+              folder and read back by later processes, fuser/runtime/plan_cache.py)
 FUSER_ONE_PASS_CE  0 leaves F.cross_entropy to AOTAutograd's log_softmax + nll_loss (default
               1: when a backward will run, loss and gradient in one kernel,
               fuser/dynamo/ce_op.py)

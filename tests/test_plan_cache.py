@@ -99,6 +99,19 @@ def test_alignment_settings_and_source_are_in_the_key(
     assert len(cache) == 6
 
 
+def test_launch_and_compile_settings_are_not_in_the_key(
+    cache: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x, w = _inputs(4)
+    _norm("weight").execute([x, w])
+    monkeypatch.setattr(config, "compile_workers", 3)  # no part of a plan
+    monkeypatch.setattr(config, "launcher", "python")
+    fd = _norm("weight")
+    (out,) = fd.execute([x, w])
+    assert cache == ["norm"] and "read from the plan cache" in fd.explain()
+    torch.testing.assert_close(out.double(), _want("weight", x, w), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage"])
 def test_a_corrupt_entry_is_a_miss(cache: list[str], tmp_path: Path, damage: str) -> None:
     x, w = _inputs(3)
@@ -141,3 +154,68 @@ def test_a_compiled_model_reads_its_plans_back(cache: list[str]) -> None:
     torch.testing.assert_close(loss1, loss0, rtol=0, atol=0)
     for g0, g1 in zip(grads0, grads1):
         torch.testing.assert_close(g1, g0, rtol=0, atol=0)
+
+
+def test_the_interpreter_is_in_the_key(cache: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's renderer writes bf16 conversions (and tanh) for the CPU interpreter
+    otherwise than for a GPU, on a device description that can be the same (a GPU host
+    with TRITON_INTERPRET=1): a plan made for one is not read back for the other."""
+    from fuser.config import use_interpreter
+
+    def bf16_scale() -> FusionDefinition:
+        with FusionDefinition("scale") as fd:
+            x = fd.define_tensor([-1, -1], torch.bfloat16)
+            fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.cast(x, torch.float32), 3.0), x.dtype))
+        return fd
+
+    x = [torch.empty(6, 40, dtype=torch.bfloat16, device="meta")]
+    sources = []
+    for interpreted in (use_interpreter(), not use_interpreter()):
+        monkeypatch.setenv("TRITON_INTERPRET", "1" if interpreted else "0")
+        (k,) = bf16_scale().compile(x, backend="triton")
+        assert ("bf16_rne" in k.source) == interpreted
+        sources.append(k.source)
+    assert cache == ["scale", "scale"] and sources[0] != sources[1]
+
+
+_CHILD = """
+import torch
+from fuser import FusionDefinition
+with FusionDefinition("norm") as fd:
+    x = fd.define_tensor([-1, -1], torch.float32)
+    w = fd.define_tensor([-1], torch.float32)
+    fd.add_output(fd.ops.layer_norm(x, weight=w, eps=1e-5))
+g = torch.Generator().manual_seed(0)
+x, w = torch.randn(6, 40, generator=g), torch.randn(40, generator=g)
+(out,) = fd.execute([x, w])
+want = torch.nn.functional.layer_norm(x, (40,), weight=w, eps=1e-5)
+torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+print("from disk" if "read from the plan cache" in fd.explain() else "planned")
+"""
+
+
+def test_another_process_reads_the_plan(tmp_path: Path) -> None:
+    """The promise itself: a second process (another hash seed: nothing in the key may
+    depend on set or dict order of strings) reads the plan the first one wrote."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    said = []
+    for seed in ("1", "2"):
+        env = {
+            **os.environ,
+            "FUSER_CACHE_DIR": str(tmp_path),
+            "FUSER_PLAN_CACHE": "1",
+            "FUSER_DISABLE_DISK_CACHE": "0",
+            "PYTHONHASHSEED": seed,
+            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+            "CUDA_VISIBLE_DEVICES": "",  # the interpreter in both
+        }
+        run = subprocess.run(
+            [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        said.append(run.stdout.strip().splitlines()[-1])
+    assert said == ["planned", "from disk"]

@@ -205,3 +205,32 @@ def test_transposed_view_made_contiguous_is_a_fused_copy(backend: str):
     fb, ((eager, _), (fused, _)) = run_both(f, [x])
     assert fused[0].is_contiguous() and torch.equal(fused[0], eager[0])
     assert "clone" in fused_ops(fb)
+
+
+@pytest.mark.parametrize(
+    "src, out, bdims",
+    [
+        ([5, 8], [3, 5, 8], [1, 2]),  # over a leading dim (cos/sin over heads)
+        ([8], [3, 5, 8], [2]),  # a column
+        ([3, 1, 8], [3, 5, 8], [0, 1, 2]),  # a size-1 dim expanded in place
+        ([5, 1], [3, 5, 1], [1, 2]),  # a last dim of size 1, not broadcast
+        ([5, 8], [5, 8, 4], [0, 1]),  # a new last dim: a row value
+    ],
+)
+def test_column_maps_through_broadcasts(src: list[int], out: list[int], bdims: list[int]) -> None:
+    """cat along the last dim of a broadcast (of a computed value) and of an input, each
+    pattern of broadcast_dims views.broadcast tells apart, against torch."""
+    with FusionDefinition("bcast_cat") as fd:
+        a = fd.define_tensor(src, torch.float32)
+        q = fd.define_tensor(out, torch.float32)
+        b = fd.ops.broadcast_in_dim(fd.ops.mul(a, a), shape=out, broadcast_dims=bdims)
+        last = len(out) - 1
+        fd.add_output(fd.ops.add(fd.ops.cat([b, q], last), fd.ops.cat([q, b], last)))
+    g = _gen(7)
+    x, y = torch.randn(*src, generator=g), torch.randn(*out, generator=g)
+    shape = [1] * len(out)
+    for i, d in enumerate(bdims):
+        shape[d] = src[i]
+    bx = (x * x).reshape(shape).expand(out)
+    (got,) = fd.execute([x, y])
+    torch.testing.assert_close(got, torch.cat([bx, y], -1) + torch.cat([y, bx], -1))

@@ -87,10 +87,11 @@ def _selected_column(spec: KernelSpec, producer: dict[int, Node], v: Value) -> V
 
 
 def _counts_columns(dtype: DType, cols: int) -> bool:
-    """Whether an iota of `dtype` holds every column's own index. A float one does only
-    while the dtype counts exactly (bf16 to 256, fp16 to 2048): past that several columns
-    round to one value and the compare selects all of them (eager sums them all), not the
-    index's column alone; an int32 one wraps past 2**31 columns."""
+    """Whether an iota of `dtype` surely holds every column's own index: an int64 one, or
+    an int32 one of at most 2**31 columns (it wraps past that). A float one is never taken,
+    whatever the columns: it counts exactly only so far (bf16 to 256, fp16 to 2048), past
+    which several columns round to one value and the compare selects all of them (eager
+    sums them all), not the index's column alone."""
     return dtype == DType.int64 or (dtype == DType.int32 and cols <= 2**31)
 
 

@@ -156,20 +156,19 @@ def plan(
     out_strides: dict[int, tuple[int, ...]] | None = None,
 ) -> CompiledFusion:
     t0 = time.perf_counter()
-    key = plan_cache.plan_key(
-        graph, inputs, name, backend, device, relaxed, out_strides, _planned_alignment
-    )
-    cached = None
-    if key is not None:
-        with timing.phase("plan cache"):
-            cached = plan_cache.load(key, CompiledFusion)
-    if cached is not None:
+    with timing.phase("plan cache"):  # the key (a pickle of the graph) and the read
+        key = plan_cache.plan_key(
+            graph, inputs, name, backend, device, relaxed, out_strides, _planned_alignment
+        )
+        cached = plan_cache.load(key, CompiledFusion)
+    if cached is not None:  # a new object: its fields are this call's to set
         cached.from_disk = True
         cached.compile_seconds = time.perf_counter() - t0
         return cached
     cf = _plan(graph, inputs, name, backend, device, relaxed, out_strides)
     cf.compile_seconds = time.perf_counter() - t0
-    plan_cache.store(key, cf)
+    with timing.phase("plan cache"):  # the plan pickled and written
+        plan_cache.store(key, cf)
     return cf
 
 

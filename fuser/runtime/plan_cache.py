@@ -10,9 +10,17 @@ The key holds everything a plan is made from:
   made at lowering for meta tensors is the one their first call runs);
 - the fusion's name (kernel names), backend, device description and relaxed precision,
   the output strides asked for;
-- the settings of fuser.config that steer planning (all but the cache's own and debug);
+- the settings of fuser.config that may steer planning (all but the cache's own, debug,
+  fp_warnings and how kernels are launched or compiled ahead),
+  and whether Triton kernels run in the CPU interpreter (config.use_interpreter: the
+  Triton renderer writes bf16 conversions and tanh for the interpreter otherwise than for
+  a GPU, and a GPU host with TRITON_INTERPRET=1 plans for the same device);
 - the digest of fuser's own source files, and the versions of torch and Triton: any
   change of the code that plans, schedules or renders makes a new key.
+
+Not in the key: module constants or functions changed in place (a test's monkeypatch, a
+benchmark's A/B through a patched constant): a process that does so runs with the cache
+off (FUSER_PLAN_CACHE=0, config.plan_cache = False), or reads plans made without it.
 
 An entry is a checksum and a pickle; a missing, truncated, corrupt or unreadable one is a
 miss (and is written again), never an error. FUSER_PLAN_CACHE=0 turns it off (the test
@@ -28,13 +36,23 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from fuser.config import config
+from fuser.config import config, use_interpreter
 from fuser.runtime.cache import atomic_write, cache_root, digest, versions
 
 KIND = "plans"
 _CHECK = 32  # bytes of sha256 before the pickle
-# config fields that do not change a plan
-_NOT_PLANNING = {"cache_dir", "debug", "disk_cache", "plan_cache", "fp_warnings"}
+# config fields that do not change a plan (how kernels are launched or compiled ahead is
+# no part of one: a process with other workers or another launcher reads the same plans)
+_NOT_PLANNING = {
+    "cache_dir",
+    "debug",
+    "disk_cache",
+    "plan_cache",
+    "fp_warnings",
+    "launcher",
+    "compile_workers",
+    "compile_processes",
+}
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,6 +103,7 @@ def plan_key(
         relaxed,
         outs,
         _settings(),
+        use_interpreter(),
         source_digest(),
         versions(),
     )

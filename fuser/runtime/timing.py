@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 PHASES = (
     "tracing",  # AOTAutograd's (Dynamo's own comes before the backend is called)
     "lowering",  # fuser's whole lowering of the ATen graphs (the stages below within it)
-    "plan cache",  # plans read from the disk (runtime/plan_cache.py), or looked for
+    "plan cache",  # plans looked for, read from or written to disk (runtime/plan_cache.py)
     "passes",
     "segmenting",
     "scheduling",

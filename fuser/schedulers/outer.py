@@ -296,7 +296,7 @@ def _describe(spec: KernelSpec, dev: Device, s: Schedule, c: OuterCost) -> str:
     loads = max(s.rows_per_block * s.threads_per_row // s.threads, 1)
     math_part = (
         f", {math_per_element(spec):.0f} instructions an element at {c.issue:.0%} of the issue "
-        f"rate {c.math_us:.1f} us overlapping memory {c.memory_us:.1f} us"
+        f"rate: math {c.math_us:.1f} us overlapping memory {c.memory_us:.1f} us"
         if c.math_us
         else ""
     )
