@@ -219,3 +219,28 @@ def test_another_process_reads_the_plan(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr[-2000:]
         said.append(run.stdout.strip().splitlines()[-1])
     assert said == ["planned", "from disk"]
+
+
+def test_the_folder_keeps_the_newest_entries(
+    cache: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process's first write prunes the folder to MAX_ENTRIES, the oldest written first;
+    the entry just written stays and is read back."""
+    import os
+
+    folder = tmp_path / plan_cache.KIND
+    folder.mkdir()
+    for i in range(6):  # older entries, from other keys
+        old = folder / f"old{i}.pkl"
+        old.write_bytes(b"x")
+        os.utime(old, (1000 + i, 1000 + i))
+    monkeypatch.setattr(plan_cache, "MAX_ENTRIES", 3)
+    plan_cache._prune_once.cache_clear()
+    x, w = _inputs(4)
+    _norm("weight").execute([x, w])
+    left = sorted(p.name for p in folder.glob("*.pkl"))
+    assert len(left) == 3 and {"old4.pkl", "old5.pkl"} < set(left), left
+    fd = _norm("weight")
+    fd.execute([x, w])
+    assert cache == ["norm"] and "read from the plan cache" in fd.explain()
+    plan_cache._prune_once.cache_clear()

@@ -23,7 +23,8 @@ benchmark's A/B through a patched constant): a process that does so runs with th
 off (FUSER_PLAN_CACHE=0, config.plan_cache = False), or reads plans made without it.
 
 An entry is a checksum and a pickle; a missing, truncated, corrupt or unreadable one is a
-miss (and is written again), never an error. FUSER_PLAN_CACHE=0 turns it off (the test
+miss (and is written again), never an error. The folder keeps the newest MAX_ENTRIES
+entries: a process's first write removes the oldest beyond them. FUSER_PLAN_CACHE=0 turns it off (the test
 suite does, since tests change planning functions in place).
 """
 
@@ -130,11 +131,36 @@ def load(key: str | None, kind: type) -> Any:
 
 def store(key: str | None, plan: Any) -> None:
     """Write `plan` under `key` (nothing on failure: a full or read-only disk only costs
-    planning again next time)."""
+    planning again next time). A process's first write also prunes the folder."""
     if key is None:
         return
     try:
         body = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
         atomic_write(_path(key), hashlib.sha256(body).digest() + body)
     except Exception:
-        pass
+        return
+    _prune_once(cache_root() / KIND)
+
+
+# entries kept (~10 KB a fusion and input signature: a GPT-2 124M training step writes
+# ~50); a process's first write removes the oldest written beyond them (every new source
+# digest, shape or setting adds entries; symbolic sizes one per size)
+MAX_ENTRIES = 4096
+
+
+@functools.cache
+def _prune_once(folder: Path) -> int:
+    """Remove the oldest-written entries of `folder` beyond MAX_ENTRIES, once a process
+    and folder; returns how many went (a file another process removed first is skipped)."""
+    try:
+        entries = sorted(folder.glob("*.pkl"), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return 0
+    gone = 0
+    for path in entries[: max(0, len(entries) - MAX_ENTRIES)]:
+        try:
+            path.unlink()
+            gone += 1
+        except OSError:
+            pass
+    return gone
