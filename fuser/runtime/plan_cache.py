@@ -24,8 +24,9 @@ off (FUSER_PLAN_CACHE=0, config.plan_cache = False), or reads plans made without
 
 An entry is a checksum and a pickle; a missing, truncated, corrupt or unreadable one is a
 miss (and is written again), never an error. The folder keeps the newest MAX_ENTRIES
-entries: a process's first write removes the oldest beyond them. FUSER_PLAN_CACHE=0 turns it off (the test
-suite does, since tests change planning functions in place).
+entries: a process's first write removes the oldest beyond them. FUSER_PLAN_CACHE=0
+turns the cache off (the test suite does, since tests change planning functions in
+place).
 """
 
 from __future__ import annotations
