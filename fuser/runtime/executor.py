@@ -21,7 +21,7 @@ from fuser.runtime import plan_cache, timing
 from fuser.runtime.buffers import empty_whole
 from fuser.runtime.checks import poll
 from fuser.runtime.kernel import Kernel, device_problem
-from fuser.runtime.specs import ALIGN, build_specs, shape_of
+from fuser.runtime.specs import build_specs, planned_alignment, shape_of
 from fuser.schedulers.choose import choose_schedule
 from fuser.schedulers.device import Device, get_device
 from fuser.schedulers.inner_outer import InnerOuterSplit
@@ -156,9 +156,13 @@ def plan(
     out_strides: dict[int, tuple[int, ...]] | None = None,
 ) -> CompiledFusion:
     t0 = time.perf_counter()
+    if not plan_cache.enabled():  # no "plan cache" phase in the first-step report then
+        cf = _plan(graph, inputs, name, backend, device, relaxed, out_strides)
+        cf.compile_seconds = time.perf_counter() - t0
+        return cf
     with timing.phase("plan cache"):  # the key (a pickle of the graph) and the read
         key = plan_cache.plan_key(
-            graph, inputs, name, backend, device, relaxed, out_strides, _planned_alignment
+            graph, inputs, name, backend, device, relaxed, out_strides, planned_alignment
         )
         cached = plan_cache.load(key, CompiledFusion)
     if cached is not None:  # a new object: its fields are this call's to set
@@ -170,12 +174,6 @@ def plan(
     with timing.phase("plan cache"):  # the plan pickled and written
         plan_cache.store(key, cf)
     return cf
-
-
-def _planned_alignment(t: torch.Tensor) -> int:
-    """The pointer alignment build_specs plans `t` for (16 bytes for a meta tensor)."""
-    ptr = 0 if t.is_meta else t.data_ptr()
-    return ALIGN[ptr & 15] if ptr else 16
 
 
 def _plan(
@@ -276,15 +274,7 @@ def signature(inputs: list[torch.Tensor]) -> tuple:
     alignment. The device, not get_device(), which is -1 on meta tensors too: a meta
     tensor must not find a CPU plan. Raises (AttributeError, RuntimeError...) on a
     non-tensor or a sparse tensor: the caller lets bind name the input then."""
-    # a meta tensor: 16 bytes whatever its storage offset, as build_specs plans it (its
-    # data_ptr is the offset in bytes: keyed by that, the plan made for 16 bytes was taken
-    # by a real tensor 4 bytes past a boundary, whose 16-byte vector accesses then fault)
-    return tuple(
-        [
-            (t.shape, t.stride(), t.dtype, t.device, 16 if t.is_meta else ALIGN[t.data_ptr() & 15])
-            for t in inputs
-        ]
-    )
+    return tuple([(t.shape, t.stride(), t.dtype, t.device, planned_alignment(t)) for t in inputs])
 
 
 class FusionExecutor:

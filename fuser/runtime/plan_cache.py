@@ -68,6 +68,12 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
+def enabled() -> bool:
+    """Whether plans are read from and written to the disk (FUSER_PLAN_CACHE, and the
+    disk cache as a whole: FUSER_DISABLE_DISK_CACHE)."""
+    return config.disk_cache and config.plan_cache
+
+
 def _settings() -> tuple:
     return tuple(
         (f.name, getattr(config, f.name))
@@ -86,10 +92,8 @@ def plan_key(
     out_strides: dict[int, tuple[int, ...]] | None,
     align: Any,
 ) -> str | None:
-    """The entry's key, or None where the plan is not to be cached (the cache is off, or
-    the graph does not pickle). `align(t)` is the alignment build_specs plans `t` for."""
-    if not (config.disk_cache and config.plan_cache):
-        return None
+    """The entry's key, or None where the plan is not to be cached (the graph does not
+    pickle). `align(t)` is the alignment build_specs plans `t` for."""
     try:
         graph_bytes = pickle.dumps(graph, protocol=pickle.HIGHEST_PROTOCOL)
         sig = tuple((tuple(t.shape), tuple(t.stride()), str(t.dtype), align(t)) for t in inputs)

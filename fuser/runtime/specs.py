@@ -19,9 +19,13 @@ from fuser.segmenter import Kind, Segment
 ALIGN = [16, 1, 2, 1, 4, 1, 2, 1, 8, 1, 2, 1, 4, 1, 2, 1]
 
 
-def _align(ptr: int) -> int:
-    """Bytes (up to 16) that `ptr` is aligned to."""
-    return ALIGN[ptr & 15]
+def planned_alignment(t: Any) -> int:
+    """Bytes (up to 16) a kernel is planned for `t`'s pointer to be aligned to: its own,
+    and 16 for a meta tensor (it has no pointer; its data_ptr is the storage offset). The
+    one rule that plans (build_specs), the executor's plan keys and the disk cache's key
+    share: a plan keyed by another rule than it was made by was taken by a misaligned
+    tensor."""
+    return 16 if t.is_meta else ALIGN[t.data_ptr() & 15]
 
 
 def view_2d(t: Any, kind: Kind, rows: int) -> tuple[int, int] | None:
@@ -178,8 +182,7 @@ def build_specs(
         alloc.update(wanted)
     facts: dict[int, tuple[Any, int]] = {}
     for v, t in zip(graph.inputs, inputs):
-        ptr = t.data_ptr() if t.device.type != "meta" else 0
-        facts[v.id] = (t, _align(ptr) if ptr else 16)
+        facts[v.id] = (t, planned_alignment(t))
     specs = {}
     for seg in segments:
         for v in (x for n in seg.nodes for x in n.outputs):
