@@ -23,31 +23,26 @@ def recompiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     absent tangents (a backward variant, tangents.py), as 'class name:node count'."""
     seen: list[str] = []
     lowering = [False]
-    original, lower = fx.GraphModule.recompile, backend_module.lower_graph
+    original = fx.GraphModule.recompile
 
     def counting(self: fx.GraphModule):  # noqa: ANN202
         if lowering[0]:
             seen.append(f"{type(self).__name__}:{len(self.graph.nodes)}")
         return original(self)
 
-    def lower_graph(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        lowering[0] = True
-        try:
-            return lower(*args, **kwargs)
-        finally:
-            lowering[0] = False
+    def watched(fn):  # noqa: ANN001, ANN202
+        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            lowering[0] = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                lowering[0] = False
 
-    def fold_absent(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        lowering[0] = True
-        try:
-            return fold(*args, **kwargs)
-        finally:
-            lowering[0] = False
+        return call
 
-    fold = tangents.fold_absent
     monkeypatch.setattr(fx.GraphModule, "recompile", counting)
-    monkeypatch.setattr(backend_module, "lower_graph", lower_graph)
-    monkeypatch.setattr(tangents, "fold_absent", fold_absent)
+    monkeypatch.setattr(backend_module, "lower_graph", watched(backend_module.lower_graph))
+    monkeypatch.setattr(tangents, "fold_absent", watched(tangents.fold_absent))
     return seen
 
 

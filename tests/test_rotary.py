@@ -21,6 +21,12 @@ B, H, T, D = 2, 3, 5, 12
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _heads(fd: fuser.FusionDefinition, x):  # noqa: ANN001, ANN202
+    """cos or sin [B, T, D] in fp32, broadcast over the heads to [B, H, T, D]."""
+    x = fd.ops.cast(x, torch.float32)
+    return fd.ops.broadcast_in_dim(x, shape=[B, H, T, D], broadcast_dims=[0, 2, 3])
+
+
 def _rope_fd(dtype: torch.dtype) -> fuser.FusionDefinition:
     """q * cos + rotate_half(q) * sin, cos/sin [B, T, D] broadcast over the heads."""
     with fuser.FusionDefinition("rope") as fd:
@@ -29,14 +35,10 @@ def _rope_fd(dtype: torch.dtype) -> fuser.FusionDefinition:
         sin = fd.define_tensor([B, T, D], dtype)
         qf = fd.ops.cast(q, torch.float32)
 
-        def heads(x):
-            x = fd.ops.cast(x, torch.float32)
-            return fd.ops.broadcast_in_dim(x, shape=[B, H, T, D], broadcast_dims=[0, 2, 3])
-
         half = D // 2
         lo, hi = fd.ops.slice(qf, 3, 0, half), fd.ops.slice(qf, 3, half, D)
         rot = fd.ops.cat([fd.ops.neg(hi), lo], 3)
-        out = fd.ops.add(fd.ops.mul(qf, heads(cos)), fd.ops.mul(rot, heads(sin)))
+        out = fd.ops.add(fd.ops.mul(qf, _heads(fd, cos)), fd.ops.mul(rot, _heads(fd, sin)))
         fd.add_output(fd.ops.cast(out, dtype))
     return fd
 
@@ -74,14 +76,10 @@ def _rope_backward_fd(dtype: torch.dtype) -> fuser.FusionDefinition:
         sin = fd.define_tensor([B, T, D], dtype)
         gf = fd.ops.cast(g, torch.float32)
 
-        def heads(x):
-            x = fd.ops.cast(x, torch.float32)
-            return fd.ops.broadcast_in_dim(x, shape=[B, H, T, D], broadcast_dims=[0, 2, 3])
-
-        gs = fd.ops.mul(gf, heads(sin))
+        gs = fd.ops.mul(gf, _heads(fd, sin))
         lo, hi = fd.ops.slice(gs, 3, 0, half), fd.ops.slice(gs, 3, half, D)
         back = fd.ops.add(fd.ops.pad(hi, 3, 0, half), fd.ops.pad(fd.ops.neg(lo), 3, half, 0))
-        fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.mul(gf, heads(cos)), back), dtype))
+        fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.mul(gf, _heads(fd, cos)), back), dtype))
     return fd
 
 
