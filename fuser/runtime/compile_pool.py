@@ -97,8 +97,10 @@ class WorkerPool:
                 send(proc.stdin, job)
                 future.set_result(receive(proc.stdout))
             except Exception as e:
+                # the worker reaped first: whoever sees its job fail sees it gone (alive())
+                self._retire(proc)
                 future.set_exception(e)
-                return self._retire(proc)
+                return None
 
     def _retire(self, proc: subprocess.Popen) -> None:
         """Stop `proc`; the last server to stop fails the jobs still queued (nobody would
