@@ -17,7 +17,7 @@ from fuser.codegen.triton.attention import render_attention
 from fuser.config import config
 from fuser.runtime.attention import attention_backward, attention_forward
 from fuser.runtime.attention_tune import decide
-from fuser.schedulers.attention import AttentionShape, choose, plan_attention
+from fuser.schedulers.attention import AttentionShape, Tiles, choose, plan_attention
 
 
 def math_attention(q, k, v, causal, scale=None):
@@ -26,7 +26,7 @@ def math_attention(q, k, v, causal, scale=None):
     k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
     if causal:
-        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
     return torch.softmax(s, -1) @ v
 
@@ -83,10 +83,16 @@ def test_scale_and_lse_are_atens():
 
 def test_plan_tiles_for_the_h100_targets():
     gpt2 = plan_attention(AttentionShape(16, 12, 12, 1024, 1024, 64, "bf16", True, "cuda"))
-    assert (gpt2.forward.block_m, gpt2.forward.block_n, gpt2.forward.num_warps) == (128, 64, 4)
+    # the tiles the per-kernel sweep measured fastest (benchmarks/attention_tiles.py)
+    assert gpt2.forward == Tiles(64, 64, 4, 3)
+    assert (gpt2.dkdv, gpt2.dq) == (Tiles(32, 64, 4, 4), Tiles(64, 64, 4, 3))
     assert gpt2.even_m and gpt2.even_n and gpt2.block_d == 64
     long = plan_attention(AttentionShape(4, 32, 32, 4096, 4096, 128, "bf16", True, "cuda"))
-    assert (long.forward.block_m, long.forward.block_n, long.forward.num_warps) == (128, 64, 8)
+    assert long.forward == Tiles(64, 64, 4, 3)
+    assert (long.dkdv, long.dq) == (Tiles(32, 64, 4, 4), Tiles(128, 64, 8, 3))
+    assert any("fastest measured" in r for r in long.reasons)
+    short = plan_attention(AttentionShape(2, 4, 4, 20, 20, 64, "bf16", True, "cuda"))
+    assert short.forward.block_m == short.forward.block_n == 32  # no tile past the sequence
     odd = plan_attention(AttentionShape(1, 8, 2, 1000, 1000, 96, "fp16", False, "cuda"))
     assert not odd.even_m and odd.block_d == 128
     src = render_attention(odd)
@@ -107,6 +113,9 @@ def test_choice_default_forced_measured_and_unsupported():
     assert "head dim 256" in decide(big, big, big, False, mode="template").line()
     assert "dropout" in decide(q, k, k, False, 0.1, mode="template").line()
     assert "attn_mask" in decide(q, k, k, False, 0.0, torch.ones(1), mode="template").line()
+    for bad in (0.0, -0.125, float("inf"), float("nan")):  # the forward's max needs > 0
+        assert "positive, finite scale" in decide(q, k, k, True, mode="template", scale=bad).line()
+    assert decide(q, k, k, True, mode="template", scale=0.3).template
     odd_heads = torch.empty(2, 3, 64, 64)
     assert "not a multiple" in decide(q, odd_heads, odd_heads, True, mode="template").line()
 
@@ -253,3 +262,57 @@ def test_template_node_makes_atens_output_layouts(lse_layout):
     want = attention_backward(do, q, k, v, out, lse[:, :, :9].reshape(1, 2, 9), True)
     for got, w in zip((dq, dk, dv), want, strict=True):
         torch.testing.assert_close(got, w)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the direct launches are GPU-only")
+def test_direct_launches_match_the_jit_and_respecialize_on_alignment():
+    """The second launch of a layout skips Triton's JIT (runtime/attention._direct); a
+    misaligned view is another specialization, launched through the JIT again."""
+    import fuser.runtime.attention as ra
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    base = torch.randn(4 * 2 * 70 * 64 + 8, device="cuda", generator=g, dtype=torch.bfloat16)
+
+    def qkv(offset: int) -> list[torch.Tensor]:
+        n = 2 * 70 * 64
+        return [base[offset + i * n : offset + (i + 1) * n].view(1, 70, 2, 64).transpose(1, 2)
+                for i in range(3)]  # fmt: skip
+
+    ra._direct.clear()
+    for offset in (0, 0, 1, 1, 0):  # aligned twice, misaligned twice, aligned again
+        q, k, v = qkv(offset)
+        out, lse = attention_forward(q, k, v, True)
+        do = torch.randn_like(q)
+        dq, dk, dv = attention_backward(do, q, k, v, out, lse, True)
+        ref = [x.float().detach().requires_grad_() for x in (q, k, v)]
+        want = math_attention(*ref, True)
+        want.backward(do.float())
+        assert (out.float() - want).abs().max() < 2e-2, offset
+        for got, r in zip((dq, dk, dv), ref, strict=True):
+            assert (got.float() - r.grad).abs().max() < 5e-2, offset
+    # one direct launch per kernel and alignment: the misaligned views got their own
+    fwd = [key for key in ra._direct if key[1] == "attn_fwd"]
+    assert sorted(key[4] for key in fwd) == [False, True]  # q's alignment, in the key
+    # fwd, dK/dV and dQ twice; delta once (it reads out and dO, fresh and aligned both times)
+    assert len(ra._direct) == 7
+
+
+def test_auto_measurement_runs_under_no_grad(monkeypatch):
+    """FUSER_ATTENTION=auto times the template and SDPA while AOTAutograd compiles, with
+    grad mode off. SDPA's backward then raised "does not require grad" and the whole
+    graph fell back to ATen ops (a GPT-2 step at 108 ms): the timing turns grad on."""
+    import fuser.runtime.attention_tune as tune
+
+    calls = []
+
+    def once(fn, reps):
+        fn()
+        calls.append(reps)
+        return 1.0
+
+    monkeypatch.setattr(tune, "median_ms", once)
+    shape = AttentionShape(1, 2, 1, 9, 9, 16, "fp32", True, "cpu")  # GQA, odd T
+    with torch.no_grad():
+        got = tune._time(shape)
+        assert not torch.is_grad_enabled()  # as it was: only the timing turned it on
+    assert got == {"template_ms": 1.0, "sdpa_ms": 1.0} and len(calls) == 2

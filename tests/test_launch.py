@@ -61,7 +61,7 @@ def test_launch_hooks_send_launches_through_tritons_wrapper(monkeypatch) -> None
     old_style = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
     for knobs, want in ((empty, False), (hooked, True), (old_style, False)):
         monkeypatch.setattr(kernel_mod, "_runtime_knobs", knobs)
-        assert kernel_mod._launch_hooked() is want
+        assert kernel_mod.launch_hooked() is want
 
 
 @needs_gpu

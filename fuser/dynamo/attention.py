@@ -139,7 +139,8 @@ def _rewrite(n: fx.Node, forward: bool) -> str:
     if q is None or k is None or v is None or not isinstance(vals, (tuple, list)):
         n.meta[META] = "attention: SDPA (no shapes traced for it)"
         return f"{n.name}: SDPA, no shapes traced"
-    choice = decide(q, k, v, bool(a["is_causal"]), float(a["dropout_p"] or 0.0), mask)
+    causal, dropout = bool(a["is_causal"]), float(a["dropout_p"] or 0.0)
+    choice = decide(q, k, v, causal, dropout, mask, scale=a.get("scale"))
     kind = "forward" if forward else "backward"
     n.meta[META] = f"attention {kind}: {choice.line()}"
     shape = AttentionShape.of(q, k, bool(a["is_causal"])).line() if q.dim() == 4 else ""

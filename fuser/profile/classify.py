@@ -75,7 +75,7 @@ OPTIMIZER_LIST_BYTES = 4
 OPAQUE = re.compile(r"OpaqueType<(\d+)")
 
 GEMM_NAME = re.compile(r"nvjet|gemm|cutlass|xmma|cublas|splitKreduce|s16816|wgmma_", re.I)
-ATTN_NAME = re.compile(r"flash|fmha|attention|sdpa|_attn_|dot_do_o|convert_dq", re.I)
+ATTN_NAME = re.compile(r"flash|fmha|attention|sdpa|(^|_)attn_|dot_do_o|convert_dq", re.I)
 COPY_NAME = re.compile(r"copy|Fill|Memcpy|Memset|CatArray|zero_", re.I)
 OPT_NAME = re.compile(r"multi_tensor_apply|adam|FusedSgd", re.I)
 INDUCTOR_NAME = re.compile(r"^triton_(poi|red|per|for|tem|mix|unk)_fused_(.*?)(_\d+)?$")

@@ -17,6 +17,8 @@ import torch
 
 from fuser.codegen.triton.attention import render_attention
 from fuser.errors import FuserError
+from fuser.runtime.kernel import launch_hooked, raw_stream
+from fuser.runtime.launchers import direct_launch
 from fuser.runtime.triton_backend import load_module
 from fuser.schedulers.attention import AttentionPlan, AttentionShape, plan_attention, unsupported
 
@@ -35,12 +37,61 @@ def _source(plan: AttentionPlan) -> str:
     return render_attention(plan)
 
 
+@functools.lru_cache(maxsize=256)
+def _module_of(plan: AttentionPlan, interpret: bool) -> Any:
+    return load_module(_source(plan), interpret=interpret)
+
+
 def _module(plan: AttentionPlan, device: torch.device) -> Any:
-    return load_module(_source(plan), interpret=device.type != "cuda")
+    return _module_of(plan, device.type != "cuda")
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    why = unsupported(q, k, v)
+# Launches after the first skip Triton's JIT (binding ~45 arguments, finding the
+# specialization: ~100 us of Python a launch, more than the GPU time of a GPT-2-sized
+# attention kernel): the first launch of a kernel for a key returns Triton's compiled
+# kernel, and later launches with that key go straight to its launcher
+# (runtime/launchers.py). The key holds everything Triton specializes on: each integer
+# argument's value (sizes and strides: 1 and multiples of 16 change the binary) and
+# whether each pointer is 16-byte aligned, besides the plan, kernel and grid.
+_direct: dict[tuple, Any] = {}
+
+
+def _run(
+    plan: AttentionPlan,
+    name: str,
+    grid: tuple[int, int],
+    args: tuple,
+    consts: dict[str, int],
+    opts: dict[str, int],
+) -> None:
+    """Launch kernel `name` of the plan's module on `args` (then `consts`, by name)."""
+    device = args[0].device
+    kernel = getattr(_module(plan, device), name)
+    if device.type != "cuda":
+        kernel[grid](*args, **consts, **opts)
+        return
+    key = (plan, name, grid, device.index) + tuple(
+        a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else a
+        for a in args
+        if not isinstance(a, float)
+    )
+    fast = _direct.get(key)
+    if fast is not None and not launch_hooked():
+        ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        fast(raw_stream(device.index), ptrs + list(consts.values()))
+        return
+    with torch.cuda.device(device):
+        compiled = kernel[grid](*args, **consts, **opts)
+    if len(_direct) >= 4096:  # as many layouts as a process meets: start over
+        _direct.clear()
+    if compiled is not None and len(consts) + len(args) == len(kernel.arg_names):
+        order = kernel.arg_names[len(args) :]
+        if list(consts) == order:  # the constexprs follow the arguments, in this order
+            _direct[key] = direct_launch(compiled, len(kernel.arg_names), grid)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> None:
+    why = unsupported(q, k, v, scale=scale)
     if why is not None:
         raise FuserError(f"attention template: {why}")
 
@@ -65,7 +116,7 @@ def attention_forward(
     `out`/`lse`, when given, are written in place (any strides; lse may be padded past Tq
     or carry a trailing size-1 dim, as ATen's kernels make it). `plan` overrides the
     planner's tiles (benchmarks/attention_bench.py --sweep)."""
-    _check(q, k, v)
+    _check(q, k, v, scale)
     shape = AttentionShape.of(q, k, causal)
     plan = plan_for(shape) if plan is None else plan
     b, hq, tq, d = q.shape
@@ -73,12 +124,11 @@ def attention_forward(
     lse = torch.empty((b, hq, tq), dtype=torch.float32, device=q.device) if lse is None else lse
     sm_scale = 1.0 / math.sqrt(d) if scale is None else scale
     t = plan.forward
-    grid = (triton_cdiv(tq, t.block_m), b * hq)
-    _module(plan, q.device).attn_fwd[grid](
-        q, k, v, out, lse, sm_scale, tq, k.shape[2], hq,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride()[:3],
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_D=plan.block_d, HEAD_D=d,
-        GROUP=shape.group, **_launch_opts(t),
+    _run(
+        plan, "attn_fwd", (triton_cdiv(tq, t.block_m), b * hq),
+        (q, k, v, out, lse, sm_scale, tq, k.shape[2], hq,
+         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride()[:3]),
+        _consts(plan, t, d, shape.group), _launch_opts(t),
     )  # fmt: skip
     return out, lse
 
@@ -97,38 +147,96 @@ def attention_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention_forward, from its out and lse (natural log, fp32, read
     through its strides). `grads` are preallocated outputs (any strides)."""
-    _check(q, k, v)
+    _check(q, k, v, scale)
     shape = AttentionShape.of(q, k, causal)
     plan = plan_for(shape) if plan is None else plan
     b, hq, tq, d = q.shape
-    hkv, tk = k.shape[1], k.shape[2]
     sm_scale = 1.0 / math.sqrt(d) if scale is None else scale
     if grads is None:
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dq, dk, dv = grads
-    module = _module(plan, q.device)
     delta = torch.empty((b, hq, tq), dtype=torch.float32, device=q.device)
-    lse_s = lse.stride()[:3]
-    t = plan.dq
-    module.attn_bwd_delta[(triton_cdiv(tq, t.block_m), b * hq)](
-        out, grad_out, delta, tq, hq, *out.stride(), *grad_out.stride(),
-        BLOCK_M=t.block_m, BLOCK_D=plan.block_d, HEAD_D=d, num_warps=plan.delta_warps,
-    )  # fmt: skip
-    common = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *lse_s)
-    t = plan.dkdv
-    module.attn_bwd_dkdv[(triton_cdiv(tk, t.block_n), b * hkv)](
-        q, k, v, grad_out, lse, delta, dk, dv, sm_scale, tq, tk, hkv,
-        *common, *dk.stride(), *dv.stride(),
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_D=plan.block_d, HEAD_D=d,
-        GROUP=shape.group, **_launch_opts(t),
-    )  # fmt: skip
-    t = plan.dq
-    module.attn_bwd_dq[(triton_cdiv(tq, t.block_m), b * hq)](
-        q, k, v, grad_out, lse, delta, dq, sm_scale, tq, tk, hq, *common, *dq.stride(),
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_D=plan.block_d, HEAD_D=d,
-        GROUP=shape.group, **_launch_opts(t),
-    )  # fmt: skip
+    launch_delta(plan, out, grad_out, delta)
+    launch_dkdv(plan, q, k, v, grad_out, lse, delta, dk, dv, sm_scale)
+    launch_dq(plan, q, k, v, grad_out, lse, delta, dq, sm_scale)
     return dq, dk, dv
+
+
+# The backward's three kernels, launched one by one: attention_backward runs them in
+# order; benchmarks/attention_tiles.py times each alone.
+
+
+def launch_delta(
+    plan: AttentionPlan, out: torch.Tensor, grad_out: torch.Tensor, delta: torch.Tensor
+) -> None:
+    """delta[b, h, m] = rowsum(dO * O) in fp32, into `delta` (contiguous [B, Hq, Tq])."""
+    b, hq, tq, d = out.shape
+    t = plan.dq
+    _run(
+        plan, "attn_bwd_delta", (triton_cdiv(tq, t.block_m), b * hq),
+        (out, grad_out, delta, tq, hq, *out.stride(), *grad_out.stride()),
+        {"BLOCK_M": t.block_m, "BLOCK_D": plan.block_d, "HEAD_D": d},
+        {"num_warps": plan.delta_warps},
+    )  # fmt: skip
+
+
+def launch_dkdv(
+    plan: AttentionPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    sm_scale: float,
+) -> None:
+    """dK and dV, one program per key block and key/value head (walks its query heads)."""
+    b, hq, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    t = plan.dkdv
+    _run(
+        plan, "attn_bwd_dkdv", (triton_cdiv(tk, t.block_n), b * hkv),
+        (q, k, v, grad_out, lse, delta, dk, dv, sm_scale, tq, tk, hkv,
+         *_common_strides(q, k, v, grad_out, lse), *dk.stride(), *dv.stride()),
+        _consts(plan, t, d, hq // hkv), _launch_opts(t),
+    )  # fmt: skip
+
+
+def launch_dq(
+    plan: AttentionPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    dq: torch.Tensor,
+    sm_scale: float,
+) -> None:
+    """dQ, one program per query block and query head (walks its key blocks)."""
+    b, hq, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    t = plan.dq
+    _run(
+        plan, "attn_bwd_dq", (triton_cdiv(tq, t.block_m), b * hq),
+        (q, k, v, grad_out, lse, delta, dq, sm_scale, tq, tk, hq,
+         *_common_strides(q, k, v, grad_out, lse), *dq.stride()),
+        _consts(plan, t, d, hq // hkv), _launch_opts(t),
+    )  # fmt: skip
+
+
+def _consts(plan: AttentionPlan, t: Any, d: int, group: int) -> dict[str, int]:
+    """The constexprs of attn_fwd, attn_bwd_dkdv and attn_bwd_dq, in signature order."""
+    return {
+        "BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_D": plan.block_d,
+        "HEAD_D": d, "GROUP": group,
+    }  # fmt: skip
+
+
+def _common_strides(q: Any, k: Any, v: Any, grad_out: Any, lse: Any) -> tuple[int, ...]:
+    return (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *lse.stride()[:3])
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fuser.config import config
-from fuser.runtime.attention import attention_backward, attention_forward
+from fuser.runtime.attention import attention_backward, attention_forward, plan_for, source_of
 from fuser.runtime.cache import digest, load_entry, store_entry
 from fuser.runtime.timing import median_ms
 from fuser.schedulers.attention import AttentionChoice, AttentionShape, choose, unsupported
@@ -29,10 +29,11 @@ def decide(
     dropout_p: float = 0.0,
     attn_mask: Any = None,
     mode: str | None = None,
+    scale: float | None = None,
 ) -> AttentionChoice:
     """Template or SDPA for an attention of these (real or fake) tensors, with reasons."""
     mode = config.attention if mode is None else mode
-    why = unsupported(q, k, v, dropout_p, attn_mask)
+    why = unsupported(q, k, v, dropout_p, attn_mask, scale)
     shape = AttentionShape.of(q, k, causal) if q.dim() == 4 and k.dim() == 4 else None
     if shape is None:
         return choose(AttentionShape(0, 1, 1, 0, 0, 0, "?", causal, "?"), why, "sdpa")
@@ -48,7 +49,8 @@ def measurement(shape: AttentionShape) -> dict:
     key = (shape, name)
     if key in _measured:
         return _measured[key]
-    entry_key = digest("attention", dataclasses.astuple(shape), name)
+    # the template's source is in the key: new tiles or kernels are measured again
+    entry_key = digest("attention", dataclasses.astuple(shape), name, source_of(plan_for(shape)))
     body = load_entry("attention", entry_key)
     if body is None:
         with unset_fake_temporarily():
@@ -61,10 +63,17 @@ def measurement(shape: AttentionShape) -> dict:
 
 def _time(shape: AttentionShape, reps: int = 10) -> dict:
     """Median ms of forward + backward, template and SDPA (its own backend choice), on
-    random [B, T, H, d] projections viewed as [B, H, T, d] (the layout models hand over)."""
-    s, dt = shape, _TORCH_DTYPE[shape.dtype]
-    q = torch.randn(s.batch, s.t_q, s.heads_q, s.head_dim, device="cuda", dtype=dt)
-    k = torch.randn(s.batch, s.t_k, s.heads_kv, s.head_dim, device="cuda", dtype=dt)
+    random [B, T, H, d] projections viewed as [B, H, T, d] (the layout models hand over).
+    It runs while AOTAutograd compiles, where grad mode is off: SDPA's backward needs it
+    on."""
+    with torch.enable_grad():
+        return _time_both(shape, reps)
+
+
+def _time_both(shape: AttentionShape, reps: int) -> dict:
+    s, dt, dev = shape, _TORCH_DTYPE[shape.dtype], shape.device
+    q = torch.randn(s.batch, s.t_q, s.heads_q, s.head_dim, device=dev, dtype=dt)
+    k = torch.randn(s.batch, s.t_k, s.heads_kv, s.head_dim, device=dev, dtype=dt)
     v = torch.randn_like(k)
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     do = torch.randn_like(q)

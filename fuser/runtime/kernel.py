@@ -30,7 +30,7 @@ def accumulator_dtype(dtype: DType) -> torch.dtype:
     return accumulator(dtype).torch
 
 
-def _raw_stream(index: int) -> int:
+def raw_stream(index: int) -> int:
     """torch's current stream on device `index`, as the raw handle launchers take."""
     return torch._C._cuda_getCurrentRawStream(index)
 
@@ -38,10 +38,15 @@ def _raw_stream(index: int) -> int:
 _runtime_knobs: Any = None  # triton.knobs.runtime, once Triton has compiled a kernel
 
 
-def _launch_hooked() -> bool:
+def launch_hooked() -> bool:
     """Whether something (a profiler such as proton) hooked Triton's launches: then they
     go through Triton's own wrapper, which calls the hooks. Triton 3.6 keeps the hooks in
     HookChain objects (never None; empty when nothing is hooked), older versions None."""
+    global _runtime_knobs
+    if _runtime_knobs is None:
+        from triton import knobs
+
+        _runtime_knobs = knobs.runtime
     enter, leave = _runtime_knobs.launch_enter_hook, _runtime_knobs.launch_exit_hook
     return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 
@@ -215,8 +220,8 @@ class Kernel:
             # the plan is specific to shapes, strides and alignment, so Triton's compiled
             # kernel for the first launch fits every later one: skip the JIT's re-binding
             # and, unless a profiler hooked Triton's launches, its launch wrapper too
-            if self._fast is not None and not _launch_hooked():
-                stream = _raw_stream(tensors[0].get_device())
+            if self._fast is not None and not launch_hooked():
+                stream = raw_stream(tensors[0].get_device())
                 for launch in self._fast:
                     launch(stream, args)
                 return

@@ -72,8 +72,13 @@ def unsupported(
     v: torch.Tensor,
     dropout_p: float = 0.0,
     attn_mask: object = None,
+    scale: float | None = None,
 ) -> str | None:
     """Why the template cannot compute this attention (SDPA keeps it), or None."""
+    if scale is not None and not (0.0 < float(scale) < float("inf")):
+        # the forward takes the row max of the unscaled scores and scales it after: only
+        # a positive scale keeps it the max of the scaled ones
+        return f"scale={scale}: the template takes a positive, finite scale"
     if dropout_p:
         return f"dropout_p={dropout_p}: the template has no dropout (its RNG would not match)"
     if attn_mask is not None:
@@ -200,39 +205,39 @@ def retile(plan: AttentionPlan, why: str, **tiles: Tiles) -> AttentionPlan:
 
 
 def _gpu_tiles(shape: AttentionShape, d: int, reasons: list[str]) -> tuple[Tiles, Tiles, Tiles]:
-    # Forward. A 128-query tile is what Triton's fused-attention tutorial and FA2 settle on
-    # for sm_80/sm_90: each K/V tile loaded from HBM is reused by 128 rows of Q. K and V
-    # tiles of 64 keys: d=128 x 64 keys x 2 bytes x (K, V) = 32 KB per stage, so 3 stages
-    # plus the 32 KB Q tile stay near half of the 227 KB, and the [128, 64] fp32 score tile
-    # costs 32 (8 warps) to 64 (4 warps) registers per thread beside the accumulator.
-    if d <= 64:
-        fw = Tiles(_fit(128, shape.t_q), _fit(64, shape.t_k), 4, 3)
-        reasons.append(
-            "forward d<=64: 128 queries x 64 keys, 4 warps (accumulator 128x64 fp32 = 64 "
-            "regs/thread), 3 stages (48 KB of K/V in flight): Triton tutorial / FA2's d=64 tile"
-        )
-    else:
-        fw = Tiles(_fit(128, shape.t_q), _fit(64, shape.t_k), 8, 3)
-        reasons.append(
-            f"forward d={d}: 128 queries x 64 keys, 8 warps (accumulator 128x{d} fp32 over "
-            "256 threads = 64 regs/thread), 3 stages (96 KB of K/V in flight)"
-        )
+    # Measured per kernel on an H100 (benchmarks/attention_tiles.py, causal bf16, d=64 at
+    # T=1024 and d=128 at T=4096; benchmarks/results/h100-2026-11-28-session13/). On sm_90
+    # Triton lowers tl.dot to wgmma, whose atom is 64 rows for one warpgroup (4 warps):
+    # a 64-row tile on 4 warps is one atom per warpgroup, while 8 warps on 64 rows split
+    # it and lose (dK/dV at d=128: 4.30 ms with 8 warps, 1.99 with 4).
+    # Forward: 64 queries x 64 keys, 4 warps, 3 stages was the fastest at both head dims
+    # (d=64: 0.095 ms against 0.106 for 128x64 on 8 warps, the tutorial's tile; d=128:
+    # 1.19 against 1.23). Smaller query tiles also give a causal grid twice the programs,
+    # which evens out the triangle's unequal rows.
+    fw = Tiles(_fit(64, shape.t_q), _fit(64, shape.t_k), 4, 3)
+    reasons.append(
+        f"forward d={d}: 64 queries x 64 keys, 4 warps (one wgmma warpgroup, 64 rows), "
+        "3 stages: the fastest measured at d=64 and d=128 (128x64 on 8 warps: 4-11% slower)"
+    )
     fw = Tiles(max(fw.block_m, fw.block_n), fw.block_n, fw.num_warps, fw.num_stages)
-    # Backward. dK/dV keeps two fp32 accumulators [BLOCK_N, d] per program besides its K
-    # and V tiles, so it takes 8 warps: at d=64 a 128-key tile then needs 134 registers
-    # (ptxas, sm_90; 255 with 4 warps, spilling), at d=128 a 64-key tile 233. It walks
-    # queries 32 (d=64) or 64 at a time, the tutorial's narrow-M/wide-N split. dQ is its
-    # mirror: a wide query tile, narrow key steps (180 / 141 registers, no spills).
+    # Backward. dK/dV keeps two fp32 [BLOCK_N, d] accumulators per program: 64 keys on 4
+    # warps (d=128: 2 x 64 x 128 x 4 B / 128 threads = 128 registers of accumulators),
+    # walking 32 queries a step over 4 stages at both head dims. At d=128 a 64-query step
+    # measured 3% faster (1.99 ms against 2.04) but spills 56 bytes (ptxas, sm_90); this
+    # one takes 253 registers and none. dQ is its mirror: 64 queries x 64 keys on 4 warps
+    # at d=64; at d=128 128 queries on 8 warps (two warpgroups of 64 rows), 64 keys a step.
+    dkdv = Tiles(_fit(32, shape.t_q), _fit(64, shape.t_k), 4, 4)
     if d <= 64:
-        dkdv = Tiles(_fit(32, shape.t_q), _fit(128, shape.t_k), 8, 3)
-        dq = Tiles(_fit(128, shape.t_q), _fit(32, shape.t_k), 4, 3)
+        dq = Tiles(_fit(64, shape.t_q), _fit(64, shape.t_k), 4, 3)
+        measured = "d=64: dK/dV 0.154 ms against 0.202 for 32x128 on 8 warps; dQ 0.103 / 0.126"
     else:
-        dkdv = Tiles(_fit(64, shape.t_q), _fit(64, shape.t_k), 8, 2)
-        dq = Tiles(_fit(64, shape.t_q), _fit(64, shape.t_k), 8, 2)
+        dq = Tiles(_fit(128, shape.t_q), _fit(64, shape.t_k), 8, 3)
+        measured = "d=128: dK/dV 2.04 ms against 4.30 for 64x64 on 8 warps; dQ 1.44 / 3.51"
     reasons.append(
         f"backward d={d}: dK/dV {dkdv.block_n} keys per program x {dkdv.block_m} queries "
-        f"per step (two fp32 [{dkdv.block_n}, {d}] accumulators), dQ {dq.block_m} queries x "
-        f"{dq.block_n} keys: FA2's split (Triton tutorial's 32x128 / 128x32 at d=64)"
+        f"per step on {dkdv.num_warps} warps (two fp32 [{dkdv.block_n}, {d}] accumulators), "
+        f"dQ {dq.block_m} queries x {dq.block_n} keys on {dq.num_warps} warps: the fastest "
+        f"measured without spills ({measured})"
     )
     # causal diagonal steps must line up: the diagonal query tile is a whole number of steps
     dkdv = Tiles(min(dkdv.block_m, dkdv.block_n), dkdv.block_n, dkdv.num_warps, dkdv.num_stages)

@@ -187,11 +187,13 @@ def _fwd_walk(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, offs
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kT = {load_kT}
-        qk = tl.dot(q, kT) * qk_scale  # scores in the log2 domain{key_mask}
+        qk = tl.dot(q, kT)  # raw scores; scaled into the log2 domain below{key_mask}
         if DIAGONAL:
             qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, -1.0e30)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
+        # qk_scale > 0, so the scaled max is the max scaled; the scale and the max's
+        # subtraction then fuse into one multiply-add per score
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old max
         l_i = l_i * alpha + tl.sum(p, 1)
         v = {load_v}

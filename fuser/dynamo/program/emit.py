@@ -18,7 +18,7 @@ from fuser.dynamo.program.step import Step
 from fuser.dynamo.program.steps import Names
 from fuser.runtime.buffers import empty_whole, has_gap, whole_extent
 from fuser.runtime.checks import poll
-from fuser.runtime.kernel import _launch_hooked
+from fuser.runtime.kernel import launch_hooked
 
 
 @dataclass
@@ -123,7 +123,7 @@ def emit_program(
             f"    return {fb}(args)",
         ]
     if fast:
-        hooked = names.bind(_launch_hooked, "launch_hooked")
+        hooked = names.bind(launch_hooked, "launch_hooked")
         body += [
             "# a profiler that hooks Triton's launches gets them through Triton's wrapper",
             f"if {hooked}():",
