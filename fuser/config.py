@@ -43,6 +43,9 @@ FUSER_ATTENTION  which runs torch.compile(backend="fuser") graphs' attentions: "
               ATen's SDPA kernels), "template" (fuser's Triton flash attention wherever it
               applies), "auto" (the template where a measurement on this GPU, made on first
               use and cached on disk, says it is faster); fuser/schedulers/attention.py
+FUSER_CAUSAL_MASK  0 leaves an attention's mask as the graph computes it (default 1: a mask computed
+              from sizes alone that is the causal mask, as transformers builds it under
+              torch.compile, becomes is_causal=True: fuser/dynamo/causal_mask.py)
 FUSER_SCATTER  how scatter-adds (embedding backward, index_add, index_put with accumulate) run:
               "sorted" (default, deterministic: the plan picks runs of sorted indices, long
               runs split in pieces, or partial tables for few rows, each summed in fp32 in
@@ -96,6 +99,7 @@ class Config:
     one_pass_cross_entropy: bool = True
     ce_returned_logits: str = "one-pass"
     attention: str = "sdpa"
+    causal_masks: bool = True
     scatter: str = "sorted"
     gemm: str = "aten"
     linear_cross_entropy: str = "auto"
@@ -121,6 +125,7 @@ def _read() -> Config:
         one_pass_cross_entropy=os.environ.get("FUSER_ONE_PASS_CE", "1") not in ("", "0"),
         ce_returned_logits=os.environ.get("FUSER_CE_RETURNED", "one-pass") or "one-pass",
         attention=os.environ.get("FUSER_ATTENTION", "sdpa") or "sdpa",
+        causal_masks=os.environ.get("FUSER_CAUSAL_MASK", "1") not in ("", "0"),
         scatter=os.environ.get("FUSER_SCATTER", "sorted") or "sorted",
         gemm=os.environ.get("FUSER_GEMM", "aten") or "aten",
         linear_cross_entropy=os.environ.get("FUSER_LINEAR_CE", "auto") or "auto",

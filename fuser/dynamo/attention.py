@@ -18,12 +18,14 @@ matmuls and a softmax; it is not matched here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
+from fuser.dynamo.causal_mask import META as CAUSAL_NOTE
 from fuser.runtime.attention import attention_backward, attention_forward
 from fuser.runtime.attention_tune import decide
 from fuser.schedulers.attention import AttentionShape
@@ -142,6 +144,8 @@ def _rewrite(n: fx.Node, forward: bool) -> str:
     causal, dropout = bool(a["is_causal"]), float(a["dropout_p"] or 0.0)
     choice = decide(q, k, v, causal, dropout, mask, scale=a.get("scale"))
     kind = "forward" if forward else "backward"
+    if n.meta.get(CAUSAL_NOTE):  # made causal on the joint graph (causal_mask.py)
+        choice = dataclasses.replace(choice, reasons=(*choice.reasons, n.meta[CAUSAL_NOTE]))
     n.meta[META] = f"attention {kind}: {choice.line()}"
     shape = AttentionShape.of(q, k, bool(a["is_causal"])).line() if q.dim() == 4 else ""
     note = f"attention {kind} {n.name} ({shape}): {choice.line()}"

@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fuser.config import config, debug_print
 from fuser.dynamo.attention import lower_attention
+from fuser.dynamo.causal_mask import causal_masks
 from fuser.dynamo.ce_rewrite import scale_saved_gradient_in_place
 from fuser.dynamo.context import NotLowerable
 from fuser.dynamo.gemm import lower_gemm
@@ -404,7 +405,7 @@ def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
     record.gemm = lower_gemm(work)  # before padding: a template call needs none
     if config.pad_matmuls:
         record.matmuls_padded = pad_matmuls(work)
-    record.attention = lower_attention(work)
+    record.attention = causal_masks(work) + lower_attention(work)
     record.scatters = lower_scatters(work)
     drop_empty_pieces(work.graph)  # a KV cache's first cat: a copy of its one piece
     record.views_moved = sink_row_views(work.graph)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from fuser.dynamo.causal_mask import causal_masks
 from fuser.dynamo.ce_pad import mark_saved_gradients
 
 aten = torch.ops.aten
@@ -99,6 +100,7 @@ def partition_fn(kind: str) -> Any:
     )
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        causal_masks(joint)  # forward and backward attentions together; the mask unsaved
         shape_only_operands(joint)
         mark_saved_gradients(joint)  # the backward may read them as padded rows
         return inner(joint, joint_inputs, **kwargs)
