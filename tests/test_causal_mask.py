@@ -20,9 +20,11 @@ def test_is_causal_mask_bool_and_float():
     assert is_causal_mask(causal, t, t)
     assert is_causal_mask(causal.expand(3, 2, t, t), t, t)  # every batch and head
     zeros = torch.zeros(t, t)
-    for blocked in (float("-inf"), torch.finfo(torch.float32).min, -1e31):
+    for blocked in (float("-inf"), torch.finfo(torch.float32).min, -65504.0):
         assert is_causal_mask(zeros.masked_fill(~causal, blocked), t, t)
-    # -1e4 is a bias large scores could outweigh: only values <= -1e30 count as blocked
+    # torch hands cuDNN a boolean mask as -65504, which is -65536 in bf16
+    assert is_causal_mask(zeros.bfloat16().masked_fill(~causal, -65504.0), t, t)
+    # -1e4 is a bias scores could outweigh: only fp16's lowest and below count as blocked
     assert not is_causal_mask(zeros.masked_fill(~causal, -1e4), t, t)
     assert not is_causal_mask(torch.ones(t, t, dtype=torch.bool).tril(-1), t, t)  # j < i
     window = causal & torch.ones(t, t, dtype=torch.bool).triu(-2)  # sliding window of 3

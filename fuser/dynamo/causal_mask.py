@@ -10,7 +10,7 @@ for the backward.
 A mask computed from sizes alone (no graph input among its ancestors, no random op) is a
 constant. This pass evaluates it once, on the CPU, and where it is the causal mask (key
 j seen by query i exactly when j <= i, in every batch and head; a float mask 0 there and
--inf, or below -1e30, elsewhere: exp of either is 0 in fp32) the attention's ATen kernel,
+-inf, or at most -65504, elsewhere: see BLOCKED) the attention's ATen kernel,
 forward and backward, gets is_causal=True and no mask: the same op computing the same
 values, now skipping the masked half. It runs on AOTAutograd's joint graph (saved.py's
 partitioner), so forward and backward change together and the mask is no longer saved,
@@ -32,7 +32,11 @@ from fuser.config import config
 aten = torch.ops.aten
 META = "fuser_causal_mask"
 MAX_ELEMENTS = 1 << 27  # larger masks are left alone: evaluating one costs ~0.5 GB
-BLOCKED = -1e30  # a float mask entry this low blocks its key: exp underflows to 0
+# A float mask entry this low blocks its key: fp16's lowest, which torch (a boolean mask
+# handed to cuDNN becomes -65504, -65536 in bf16) and transformers write for minus
+# infinity in half precision. exp of a score minus 65504 is 0 in fp32 for any score
+# within 65400 of its row's largest.
+BLOCKED = -65504.0
 
 
 def _ops(*names: str) -> set[Any]:
