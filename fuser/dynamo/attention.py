@@ -28,7 +28,7 @@ from torch import fx
 from fuser.dynamo.causal_mask import META as CAUSAL_NOTE
 from fuser.runtime.attention import attention_backward, attention_forward
 from fuser.runtime.attention_tune import decide
-from fuser.schedulers.attention import AttentionShape
+from fuser.schedulers.attention import AttentionPlan, AttentionShape
 
 aten = torch.ops.aten
 META = "fuser_attention"
@@ -86,8 +86,16 @@ class TemplateForward:
 
     __name__ = "fuser_attention_forward"
 
-    def __init__(self, causal: bool, scale: float | None, outs: tuple[Out, ...], why: str):
+    def __init__(
+        self,
+        causal: bool,
+        scale: float | None,
+        outs: tuple[Out, ...],
+        why: str,
+        plan: AttentionPlan | None = None,
+    ):
         self.causal, self.scale, self.outs, self.why = causal, scale, outs, why
+        self.plan = plan  # made at lowering for the traced shapes, which guards fix
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
         made = [o.make(q.device) for o in self.outs]
@@ -97,7 +105,9 @@ class TemplateForward:
         scratch = not isinstance(lse, torch.Tensor) or lse.dim() < 3 or lse.shape[2] < q.shape[2]
         if scratch:
             lse = None
-        out, lse_done = attention_forward(q, k, v, self.causal, self.scale, out, lse)
+        out, lse_done = attention_forward(
+            q, k, v, self.causal, self.scale, out, lse, self.plan, checked=self.plan is not None
+        )
         if not scratch:
             made[1] = lse_done
         made[0] = out
@@ -112,14 +122,23 @@ class TemplateBackward:
 
     __name__ = "fuser_attention_backward"
 
-    def __init__(self, causal: bool, scale: float | None, outs: tuple[Out, ...], why: str):
+    def __init__(
+        self,
+        causal: bool,
+        scale: float | None,
+        outs: tuple[Out, ...],
+        why: str,
+        plan: AttentionPlan | None = None,
+    ):
         self.causal, self.scale, self.outs, self.why = causal, scale, outs, why
+        self.plan = plan  # made at lowering for the traced shapes, which guards fix
 
     def __call__(self, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) -> tuple:
         made = [o.make(q.device) for o in self.outs]
         grads = attention_backward(
-            grad_out, q, k, v, out, lse, self.causal, self.scale, tuple(made[:3])
-        )
+            grad_out, q, k, v, out, lse, self.causal, self.scale, tuple(made[:3]), self.plan,
+            checked=self.plan is not None,
+        )  # fmt: skip
         return (*grads, *made[3:])
 
     def __repr__(self) -> str:
@@ -154,11 +173,11 @@ def _rewrite(n: fx.Node, forward: bool) -> str:
     outs = tuple(Out.of(x) for x in vals)
     scale = a.get("scale")
     if forward:
-        n.target = TemplateForward(bool(a["is_causal"]), scale, outs, note)
+        n.target = TemplateForward(bool(a["is_causal"]), scale, outs, note, choice.plan)
         n.args, n.kwargs = (a["query"], a["key"], a["value"]), {}
     else:
         grad = a.get("grad_out", a.get("grad_out_"))
-        n.target = TemplateBackward(bool(a["is_causal"]), scale, outs, note)
+        n.target = TemplateBackward(bool(a["is_causal"]), scale, outs, note, choice.plan)
         n.args = (grad, a["query"], a["key"], a["value"], a["out"], a["logsumexp"])
         n.kwargs = {}
     return note

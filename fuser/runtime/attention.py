@@ -109,16 +109,20 @@ def attention_forward(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     plan: AttentionPlan | None = None,
+    checked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q kᵀ * scale [causal]) v and its natural-log LSE [B, Hq, Tq] (fp32).
 
     q [B, Hq, Tq, d], k and v [B, Hkv, Tk, d] with Hq a multiple of Hkv, any strides.
     `out`/`lse`, when given, are written in place (any strides; lse may be padded past Tq
     or carry a trailing size-1 dim, as ATen's kernels make it). `plan` overrides the
-    planner's tiles (benchmarks/attention_bench.py --sweep)."""
-    _check(q, k, v, scale)
-    shape = AttentionShape.of(q, k, causal)
-    plan = plan_for(shape) if plan is None else plan
+    planner's tiles (benchmarks/attention_bench.py --sweep). `checked`: the caller has
+    checked these inputs with `unsupported` (a compiled graph, at lowering) and passes
+    the plan made for them: no check again."""
+    if not checked:
+        _check(q, k, v, scale)
+    group = q.shape[1] // k.shape[1]
+    plan = plan_for(AttentionShape.of(q, k, causal)) if plan is None else plan
     b, hq, tq, d = q.shape
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty((b, hq, tq), dtype=torch.float32, device=q.device) if lse is None else lse
@@ -128,7 +132,7 @@ def attention_forward(
         plan, "attn_fwd", (triton_cdiv(tq, t.block_m), b * hq),
         (q, k, v, out, lse, sm_scale, tq, k.shape[2], hq,
          *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride()[:3]),
-        _consts(plan, t, d, shape.group), _launch_opts(t),
+        _consts(plan, t, d, group), _launch_opts(t),
     )  # fmt: skip
     return out, lse
 
@@ -144,12 +148,14 @@ def attention_backward(
     scale: float | None = None,
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     plan: AttentionPlan | None = None,
+    checked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention_forward, from its out and lse (natural log, fp32, read
-    through its strides). `grads` are preallocated outputs (any strides)."""
-    _check(q, k, v, scale)
-    shape = AttentionShape.of(q, k, causal)
-    plan = plan_for(shape) if plan is None else plan
+    through its strides). `grads` are preallocated outputs (any strides); `checked` as
+    attention_forward's."""
+    if not checked:
+        _check(q, k, v, scale)
+    plan = plan_for(AttentionShape.of(q, k, causal)) if plan is None else plan
     b, hq, tq, d = q.shape
     sm_scale = 1.0 / math.sqrt(d) if scale is None else scale
     if grads is None:
