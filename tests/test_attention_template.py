@@ -14,10 +14,16 @@ import torch.nn.functional as F
 
 import fuser
 from fuser.codegen.triton.attention import render_attention
-from fuser.config import config
+from fuser.config import config, use_interpreter
 from fuser.runtime.attention import attention_backward, attention_forward
 from fuser.runtime.attention_tune import decide
 from fuser.schedulers.attention import AttentionShape, Tiles, choose, plan_attention
+
+# these run the template on CPU tensors, in Triton's interpreter: a process that has a GPU
+# runs Triton on it instead (TRITON_INTERPRET=1 makes them run there too)
+interpreted = pytest.mark.skipif(
+    not use_interpreter(), reason="CPU tensors need Triton's interpreter (TRITON_INTERPRET=1)"
+)
 
 
 def math_attention(q, k, v, causal, scale=None):
@@ -50,6 +56,7 @@ CASES = [
 ]
 
 
+@interpreted
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}_H{}/{}_T{}x{}_d{}_{}".format(*c))
 def test_forward_and_gradients_match_math(case):
     torch.manual_seed(sum(case))
@@ -71,6 +78,7 @@ def test_forward_and_gradients_match_math(case):
         torch.testing.assert_close(got, want.float(), atol=5e-5, rtol=1e-4)
 
 
+@interpreted
 def test_scale_and_lse_are_atens():
     """An explicit scale, and the LSE in ATen's convention (natural log, per query row)."""
     torch.manual_seed(1)
@@ -160,6 +168,7 @@ def _compiled_vs_eager(monkeypatch, mode, mask=None):
     return str(fuser.explain(cm))
 
 
+@interpreted
 def test_compiled_block_with_template_matches_eager(monkeypatch):
     text = _compiled_vs_eager(monkeypatch, "template")
     assert "attention forward" in text and "attention backward" in text
@@ -167,12 +176,14 @@ def test_compiled_block_with_template_matches_eager(monkeypatch):
     assert "fuser_attention_forward" in text and "fuser_attention_backward" in text
 
 
+@interpreted
 def test_compiled_block_default_keeps_sdpa(monkeypatch):
     text = _compiled_vs_eager(monkeypatch, "sdpa")
     assert "SDPA: FUSER_ATTENTION=sdpa (the default)" in text
     assert "fuser_attention_forward" not in text
 
 
+@interpreted
 def test_mask_falls_back_visibly(monkeypatch):
     mask = torch.ones(7, 7, dtype=torch.bool).tril()
     text = _compiled_vs_eager(monkeypatch, "template", mask)
@@ -239,6 +250,7 @@ def test_h100_tiles_compile_for_sm90_without_spills(dims):
         assert res["registers"] <= 255
 
 
+@interpreted
 @pytest.mark.parametrize("lse_layout", ["efficient", "cudnn"])
 def test_template_node_makes_atens_output_layouts(lse_layout):
     """What the lowering puts in place of a GPU kernel, on CPU: out with the kernel's
@@ -297,6 +309,7 @@ def test_direct_launches_match_the_jit_and_respecialize_on_alignment():
     assert len(ra._direct) == 7
 
 
+@interpreted
 def test_auto_measurement_runs_under_no_grad(monkeypatch):
     """FUSER_ATTENTION=auto times the template and SDPA while AOTAutograd compiles, with
     grad mode off. SDPA's backward then raised "does not require grad" and the whole
