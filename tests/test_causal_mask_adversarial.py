@@ -310,6 +310,19 @@ def test_gqa_and_scale_take_the_template(rewrites, monkeypatch):
     assert "fuser_attention_forward" in text and "fuser_attention_backward" in text
 
 
+@pytest.mark.parametrize("scale", [-0.5, 0.0, 2], ids=["negative", "zero", "int"])
+def test_scale_must_be_positive(rewrites, scale):
+    """ATen's CPU flash kernel with is_causal=True and a scale <= 0 computes NaN rows (it
+    fills the causal half with -inf before scaling: -inf * -0.5 = +inf); with the mask
+    eager's values are finite. Only a positive scale is rewritten."""
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=_causal(T), scale=scale)
+
+    _compare(fn, _qkv())
+    assert len(rewrites) == (2 if scale > 0 else 0)
+
+
 def test_mask_above_the_size_limit_stays(rewrites, monkeypatch):
     monkeypatch.setattr(causal_mask, "MAX_ELEMENTS", T * T - 1)
     _compare(_attend(_causal), _qkv())

@@ -12,12 +12,12 @@ ATen's and prims' ops, no dynamic size) is a constant. This pass evaluates it on
 the CPU, and where it is the causal mask (key j seen by query i exactly when j <= i, in
 every batch and head; a float mask 0 there and -inf, or at most -65504, elsewhere: see
 BLOCKED) the attention's ATen kernel, forward and backward, gets is_causal=True and no
-mask: the same op computing the same values, now skipping the masked half. It runs on
-AOTAutograd's joint graph (saved.py's partitioner), so forward and backward change
-together and the mask is no longer saved, and again on each graph lowered (inference
-graphs have no joint graph). Only Tq == Tk is rewritten: there every backend's causal
-mask is the same one. FUSER_CAUSAL_MASK=0 turns the pass off; `fuser.explain` shows each
-rewrite beside the attention's choice.
+mask: the same op computing the same values (at a positive scale: _positive), now
+skipping the masked half. It runs on AOTAutograd's joint graph (saved.py's partitioner),
+so forward and backward change together and the mask is no longer saved, and again on
+each graph lowered (inference graphs have no joint graph). Only Tq == Tk is rewritten:
+there every backend's causal mask is the same one. FUSER_CAUSAL_MASK=0 turns the pass
+off; `fuser.explain` shows each rewrite beside the attention's choice.
 """
 
 from __future__ import annotations
@@ -165,6 +165,14 @@ def _seq_lens(node: fx.Node) -> tuple[int, int] | None:
     return int(qv.shape[2]), int(kv.shape[2])
 
 
+def _positive(scale: Any) -> bool:
+    """Whether is_causal=True computes what the mask did at this scale (None: 1/sqrt(d)).
+    ATen's CPU flash kernel fills the causal half with -inf before it scales the scores:
+    times a scale <= 0 that is +inf or NaN, and its rows come out NaN (torch 2.13) where
+    the mask's finite scores gave values; the template refuses such scales too."""
+    return scale is None or (isinstance(scale, (int, float)) and 0.0 < scale < float("inf"))
+
+
 def _static(sizes: Any) -> bool:
     """Whether every size is a plain int (not a SymInt of a dynamic shape)."""
     return all(type(s) is int for s in sizes)
@@ -182,6 +190,8 @@ def causal_masks(gm: fx.GraphModule) -> list[str]:
         name = next((m for m in _MASK_ARGS if _arg_index(node, m) is not None), None)
         mask = _get(node, name) if name else None
         if not isinstance(mask, fx.Node) or _get(node, "is_causal"):
+            continue
+        if not _positive(_get(node, "scale")):
             continue
         lens = _seq_lens(node)
         if lens is None or lens[0] != lens[1]:
