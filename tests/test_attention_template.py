@@ -307,15 +307,18 @@ def test_launch_key_holds_every_tensors_dtype_and_alignment():
 
     plan = plan_attention(AttentionShape(1, 2, 2, 9, 9, 16, "bf16", True, "cpu"))
 
-    def key(grad_out=torch.bfloat16, offset=0, scale=0.25, t=9):
+    def key(grad_out=torch.bfloat16, offset=0, scale=0.25, t=9, head_d=16):
         q = torch.empty(2 * 9 * 16 + 8, dtype=torch.bfloat16)[offset:][: 2 * 9 * 16]
         do = torch.empty(2, 9, 16, dtype=grad_out)
-        return launch_key(plan, "attn_bwd_dq", (1, 2), (q, do, scale, t, *do.stride()))
+        args = (q, do, scale, t, *do.stride())
+        return launch_key(plan, "attn_bwd_dq", (1, 2), args, {"BLOCK_M": 16, "HEAD_D": head_d})
 
+    assert key()[4] == (torch.bfloat16, True)  # the first argument's, as the GPU test reads
     assert key() == key(scale=0.5)  # fresh tensors, another float: one binary
     assert key() != key(t=16)  # 16 is divisible by 16: another specialization
     assert key() != key(offset=1)  # 2 bytes off: not 16-byte aligned
     assert key() != key(grad_out=torch.float32)  # *fp32 in the signature, not *bf16
+    assert key() != key(head_d=12)  # a constexpr: another binary
 
 
 def test_auto_measurement_runs_under_no_grad(monkeypatch):
