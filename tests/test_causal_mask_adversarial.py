@@ -323,6 +323,24 @@ def test_scale_must_be_positive(rewrites, scale):
     assert len(rewrites) == (2 if scale > 0 else 0)
 
 
+def test_inference_graph_and_checkpoint(rewrites, monkeypatch):
+    """No joint graph: the pass runs when the graph is lowered (lower.prepare), and the
+    template takes the attention. Under activation checkpointing the backward recomputes
+    the mask: forward and backward are rewritten all the same."""
+    from torch.utils.checkpoint import checkpoint
+
+    monkeypatch.setattr(config, "attention", "template")
+    fn = _attend(_causal)
+    with torch.no_grad():
+        compiled = _compare(fn, _qkv(), train=False)
+    assert len(rewrites) == 1
+    assert "fuser_attention_forward" in str(fuser.explain(compiled))
+    rewrites.clear()
+    torch._dynamo.reset()
+    _compare(lambda q, k, v: checkpoint(fn, q, k, v, use_reentrant=False), _qkv())
+    assert len(rewrites) == 2
+
+
 def test_mask_above_the_size_limit_stays(rewrites, monkeypatch):
     monkeypatch.setattr(causal_mask, "MAX_ELEMENTS", T * T - 1)
     _compare(_attend(_causal), _qkv())
