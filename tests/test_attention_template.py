@@ -304,9 +304,33 @@ def test_direct_launches_match_the_jit_and_respecialize_on_alignment():
             assert (got.float() - r.grad).abs().max() < 5e-2, offset
     # one direct launch per kernel and alignment: the misaligned views got their own
     fwd = [key for key in ra._direct if key[1] == "attn_fwd"]
-    assert sorted(key[4] for key in fwd) == [False, True]  # q's alignment, in the key
+    assert sorted(key[4][1] for key in fwd) == [False, True]  # q's (dtype, alignment)
     # fwd, dK/dV and dQ twice; delta once (it reads out and dO, fresh and aligned both times)
     assert len(ra._direct) == 7
+
+
+def test_launch_key_holds_every_tensors_dtype_and_alignment():
+    """The direct launches' key (runtime/attention.launch_key) is as fine as Triton's
+    specialization: the same for another call of the same layout (new pointers, another
+    float scale), another for an int argument's value, a misaligned pointer, or a tensor
+    argument of another dtype. The plan holds q's dtype only: an fp32 grad_out after a
+    bf16 one (attention_backward takes what it is given) reused the bf16 binary."""
+    from fuser.runtime.attention import launch_key
+
+    plan = plan_attention(AttentionShape(1, 2, 2, 9, 9, 16, "bf16", True, "cpu"))
+
+    def key(grad_out=torch.bfloat16, offset=0, scale=0.25, t=9, head_d=16):
+        q = torch.empty(2 * 9 * 16 + 8, dtype=torch.bfloat16)[offset:][: 2 * 9 * 16]
+        do = torch.empty(2, 9, 16, dtype=grad_out)
+        args = (q, do, scale, t, *do.stride())
+        return launch_key(plan, "attn_bwd_dq", (1, 2), args, {"BLOCK_M": 16, "HEAD_D": head_d})
+
+    assert key()[4] == (torch.bfloat16, True)  # the first argument's, as the GPU test reads
+    assert key() == key(scale=0.5)  # fresh tensors, another float: one binary
+    assert key() != key(t=16)  # 16 is divisible by 16: another specialization
+    assert key() != key(offset=1)  # 2 bytes off: not 16-byte aligned
+    assert key() != key(grad_out=torch.float32)  # *fp32 in the signature, not *bf16
+    assert key() != key(head_d=12)  # a constexpr: another binary
 
 
 @interpreted

@@ -7,16 +7,17 @@ then runs its masked kernel: every key block of every query block, the mask read
 causal half skipped (or the template refuses the mask). AOTAutograd also keeps the mask
 for the backward.
 
-A mask computed from sizes alone (no graph input among its ancestors, no random op) is a
-constant. This pass evaluates it once, on the CPU, and where it is the causal mask (key
-j seen by query i exactly when j <= i, in every batch and head; a float mask 0 there and
--inf, or at most -65504, elsewhere: see BLOCKED) the attention's ATen kernel,
-forward and backward, gets is_causal=True and no mask: the same op computing the same
-values, now skipping the masked half. It runs on AOTAutograd's joint graph (saved.py's
-partitioner), so forward and backward change together and the mask is no longer saved,
-and again on each graph lowered (inference graphs have no joint graph). Only Tq == Tk is
-rewritten: there every backend's causal mask is the same one. FUSER_CAUSAL_MASK=0 turns
-the pass off; `fuser.explain` shows each rewrite beside the attention's choice.
+A mask computed from sizes alone (no graph input among its ancestors, no random op, only
+ATen's and prims' ops, no dynamic size) is a constant. This pass evaluates it once, on
+the CPU, and where it is the causal mask (key j seen by query i exactly when j <= i, in
+every batch and head; a float mask 0 there and -inf, or at most -65504, elsewhere: see
+BLOCKED) the attention's ATen kernel, forward and backward, gets is_causal=True and no
+mask: the same op computing the same values (at a positive scale: _positive), now
+skipping the masked half. It runs on AOTAutograd's joint graph (saved.py's partitioner),
+so forward and backward change together and the mask is no longer saved, and again on
+each graph lowered (inference graphs have no joint graph). Only Tq == Tk is rewritten:
+there every backend's causal mask is the same one. FUSER_CAUSAL_MASK=0 turns the pass
+off; `fuser.explain` shows each rewrite beside the attention's choice.
 """
 
 from __future__ import annotations
@@ -76,9 +77,16 @@ def _set(node: fx.Node, name: str, value: Any) -> None:
         node.update_kwarg(name, value)
 
 
+# ATen's and prims' ops are functions of their arguments (the random ones carry a tag);
+# another library's op (torch.library.custom_op) may read state the graph does not see, so
+# that one evaluation at compile time need not be what every call computes.
+_PURE_NAMESPACES = ("aten", "prims")
+
+
 def _ancestors(node: fx.Node) -> list[fx.Node] | None:
     """`node` and what it is computed from, inputs first; None when a graph input, a
-    module attribute or a random op is among them (the value is not a constant)."""
+    module attribute, a random op or another library's op is among them (the value is
+    not a constant)."""
     seen: dict[fx.Node, None] = {}
     stack = [node]
     while stack:
@@ -87,10 +95,14 @@ def _ancestors(node: fx.Node) -> list[fx.Node] | None:
             continue
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             return None
+        if n.target.namespace not in _PURE_NAMESPACES:
+            return None
         if torch.Tag.nondeterministic_seeded in n.target.tags:
             return None
         val = n.meta.get("val")
-        if not isinstance(val, torch.Tensor) or val.numel() > MAX_ELEMENTS:
+        if not isinstance(val, torch.Tensor) or not _static(val.shape):
+            return None  # a symbolic size is an input's: comparing it would guard on it
+        if val.numel() > MAX_ELEMENTS:
             return None
         seen[n] = None
         stack.extend(n.all_input_nodes)
@@ -148,7 +160,22 @@ def _seq_lens(node: fx.Node) -> tuple[int, int] | None:
     kv = k.meta.get("val") if isinstance(k, fx.Node) else None
     if not isinstance(qv, torch.Tensor) or not isinstance(kv, torch.Tensor) or qv.dim() != 4:
         return None
+    if not _static(qv.shape[2:3] + kv.shape[2:3]):
+        return None  # int() of a dynamic length would specialize the graph on it
     return int(qv.shape[2]), int(kv.shape[2])
+
+
+def _positive(scale: Any) -> bool:
+    """Whether is_causal=True computes what the mask did at this scale (None: 1/sqrt(d)).
+    ATen's CPU flash kernel fills the causal half with -inf before it scales the scores:
+    times a scale <= 0 that is +inf or NaN, and its rows come out NaN (torch 2.13) where
+    the mask's finite scores gave values; the template refuses such scales too."""
+    return scale is None or (isinstance(scale, (int, float)) and 0.0 < scale < float("inf"))
+
+
+def _static(sizes: Any) -> bool:
+    """Whether every size is a plain int (not a SymInt of a dynamic shape)."""
+    return all(type(s) is int for s in sizes)
 
 
 def causal_masks(gm: fx.GraphModule) -> list[str]:
@@ -164,14 +191,18 @@ def causal_masks(gm: fx.GraphModule) -> list[str]:
         mask = _get(node, name) if name else None
         if not isinstance(mask, fx.Node) or _get(node, "is_causal"):
             continue
+        if not _positive(_get(node, "scale")):
+            continue
         lens = _seq_lens(node)
         if lens is None or lens[0] != lens[1]:
             continue
-        if mask not in proven:
+        # keyed by the lengths too: a mask of size-1 dims broadcasts to attentions of any
+        # length, causal for T=1 only
+        if (mask, lens) not in proven:
             value = evaluate(mask)
             with unset_fake_temporarily():
-                proven[mask] = value is not None and is_causal_mask(value, *lens)
-        if not proven[mask]:
+                proven[mask, lens] = value is not None and is_causal_mask(value, *lens)
+        if not proven[mask, lens]:
             continue
         _set(node, name, None)
         _set(node, "is_causal", True)
@@ -185,14 +216,15 @@ def causal_masks(gm: fx.GraphModule) -> list[str]:
         node.meta[META] = note
         notes.append(note)
     if notes:
-        _erase_unused(gm, list(proven))
+        _erase_unused(gm, [m for m, _ in proven])
     return notes
 
 
 def _erase_unused(gm: fx.GraphModule, masks: list[fx.Node]) -> None:
-    """Drop the masks' computations nothing reads any more."""
-    for mask in masks:
-        order = _ancestors(mask) or []
-        for n in reversed(order):
-            if not n.users:
-                gm.graph.erase_node(n)
+    """Drop the masks' computations nothing reads any more. One mask may be computed from
+    another (m2 = m1 * 2, each an attention's): every node is gathered before any is
+    erased, and the graph is walked backwards, users before what they read."""
+    computed = {n for mask in masks for n in _ancestors(mask) or []}
+    for n in reversed(gm.graph.nodes):
+        if n in computed and not n.users:
+            gm.graph.erase_node(n)

@@ -50,10 +50,28 @@ def _module(plan: AttentionPlan, device: torch.device) -> Any:
 # specialization: ~100 us of Python a launch, more than the GPU time of a GPT-2-sized
 # attention kernel): the first launch of a kernel for a key returns Triton's compiled
 # kernel, and later launches with that key go straight to its launcher
-# (runtime/launchers.py). The key holds everything Triton specializes on: each integer
-# argument's value (sizes and strides: 1 and multiples of 16 change the binary) and
-# whether each pointer is 16-byte aligned, besides the plan, kernel and grid.
+# (runtime/launchers.py). The key (launch_key) holds everything Triton specializes on.
 _direct: dict[tuple, Any] = {}
+
+
+def launch_key(
+    plan: AttentionPlan, name: str, grid: tuple[int, int], args: tuple, consts: dict[str, int]
+) -> tuple:
+    """What a launch of kernel `name` on `args` is specialized on, besides the plan (its
+    warps and stages) and the grid: the device; the constexprs (HEAD_D and GROUP are the
+    tensors', not the plan's, where a benchmark passes its own plan); each integer
+    argument's value (sizes and strides: 1 becomes a constexpr, multiples of 16 and i32
+    against i64 change the binary); each tensor's dtype, its pointer's type in the
+    signature (the plan holds q's only: out, lse, grad_out and the gradients are the
+    caller's, and a binary built for a bf16 grad_out would read an fp32 one as bf16), and
+    whether its pointer is 16-byte aligned. A float is an fp32 argument whatever its
+    value: not in the key."""
+    specialized = tuple(
+        (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
+        for a in args
+        if not isinstance(a, float)
+    )
+    return (plan, name, grid, args[0].device.index, *specialized, *consts.values())
 
 
 def _run(
@@ -70,11 +88,7 @@ def _run(
     if device.type != "cuda":
         kernel[grid](*args, **consts, **opts)
         return
-    key = (plan, name, grid, device.index) + tuple(
-        a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else a
-        for a in args
-        if not isinstance(a, float)
-    )
+    key = launch_key(plan, name, grid, args, consts)
     fast = _direct.get(key)
     if fast is not None and not launch_hooked():
         ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
