@@ -144,18 +144,22 @@ def _shape_rows(name: str, dims: tuple[int, ...], sweep: bool, meta: dict) -> li
     return rows
 
 
-def run(out_path: str | None, sweep: bool, only: list[str]) -> list[dict]:
-    meta = {
+def meta() -> dict:
+    """What every row records of the run: GPU, versions, host, time."""
+    return {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "host": platform.node(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
+
+
+def run(out_path: str | None, sweep: bool, only: list[str]) -> list[dict]:
     rows = []
     for name, dims in SHAPES.items():
         if not only or name in only:
-            rows += _shape_rows(name, dims, sweep, meta)
+            rows += _shape_rows(name, dims, sweep, meta())
     if out_path:
         with open(out_path, "a") as f:
             for r in rows:

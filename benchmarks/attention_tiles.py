@@ -18,15 +18,15 @@ on stdout.
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import math
 import multiprocessing as mp
-import platform
 from collections.abc import Callable
 
 import torch
+from attention_bench import SHAPES
+from attention_bench import meta as run_meta
 
 from fuser.runtime.attention import (
     attention_forward,
@@ -37,10 +37,6 @@ from fuser.runtime.attention import (
 )
 from fuser.schedulers.attention import AttentionPlan, AttentionShape, Tiles, retile
 
-SHAPES = {
-    "gpt2-124M": (16, 12, 1024, 64),
-    "long-context": (4, 32, 4096, 128),
-}
 KERNELS = ("fwd", "dkdv", "dq")
 
 
@@ -178,19 +174,10 @@ def main() -> None:
     a = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("attention_tiles needs a CUDA GPU")
-    import triton
-
-    meta = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "host": platform.node(),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    }
     kernels = [k for k in a.kernels.split(",") if k]
     rows = []
     for name in a.shape or list(SHAPES):
-        shape_rows = run_shape(name, kernels, a.jobs, meta)
+        shape_rows = run_shape(name, kernels, a.jobs, run_meta())
         rows += shape_rows
         _table(shape_rows)
         if a.out:

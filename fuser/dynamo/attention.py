@@ -25,13 +25,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from fuser.dynamo.causal_mask import META as CAUSAL_NOTE
 from fuser.runtime.attention import attention_backward, attention_forward
 from fuser.runtime.attention_tune import decide
 from fuser.schedulers.attention import AttentionPlan, AttentionShape
 
 aten = torch.ops.aten
 META = "fuser_attention"
+CAUSAL_NOTE = "fuser_causal_mask"  # causal_mask.py's note on an attention it made causal
 
 
 def _ops(*names: str) -> dict[Any, str]:
@@ -47,7 +47,7 @@ FORWARD = _ops(
 BACKWARD = _ops(*(f"{n}_backward" for n in FORWARD.values()))
 
 
-def _named(n: fx.Node) -> dict[str, Any]:
+def named_args(n: fx.Node) -> dict[str, Any]:
     """The node's arguments by schema name, defaults filled in."""
     out = {}
     for i, a in enumerate(n.target._schema.arguments):
@@ -81,10 +81,10 @@ class Out:
         return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
 
 
-class TemplateForward:
-    """FX target replacing an SDPA forward kernel: (out, lse, placeholders...)."""
-
-    __name__ = "fuser_attention_forward"
+class _TemplateCall:
+    """What both FX targets keep: the attention's flags, how to make ATen's results, the
+    choice's note, and the plan made at lowering for the traced shapes (Dynamo's guards
+    fix them, so a call neither plans nor checks its inputs again)."""
 
     def __init__(
         self,
@@ -94,8 +94,16 @@ class TemplateForward:
         why: str,
         plan: AttentionPlan | None = None,
     ):
-        self.causal, self.scale, self.outs, self.why = causal, scale, outs, why
-        self.plan = plan  # made at lowering for the traced shapes, which guards fix
+        self.causal, self.scale, self.outs, self.why, self.plan = causal, scale, outs, why, plan
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(causal={self.causal}, scale={self.scale})"
+
+
+class TemplateForward(_TemplateCall):
+    """FX target replacing an SDPA forward kernel: (out, lse, placeholders...)."""
+
+    __name__ = "fuser_attention_forward"
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
         made = [o.make(q.device) for o in self.outs]
@@ -113,25 +121,11 @@ class TemplateForward:
         made[0] = out
         return tuple(made)
 
-    def __repr__(self) -> str:
-        return f"TemplateForward(causal={self.causal}, scale={self.scale})"
 
-
-class TemplateBackward:
+class TemplateBackward(_TemplateCall):
     """FX target replacing an SDPA backward kernel: (dq, dk, dv, placeholders...)."""
 
     __name__ = "fuser_attention_backward"
-
-    def __init__(
-        self,
-        causal: bool,
-        scale: float | None,
-        outs: tuple[Out, ...],
-        why: str,
-        plan: AttentionPlan | None = None,
-    ):
-        self.causal, self.scale, self.outs, self.why = causal, scale, outs, why
-        self.plan = plan  # made at lowering for the traced shapes, which guards fix
 
     def __call__(self, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) -> tuple:
         made = [o.make(q.device) for o in self.outs]
@@ -141,9 +135,6 @@ class TemplateBackward:
         )  # fmt: skip
         return (*grads, *made[3:])
 
-    def __repr__(self) -> str:
-        return f"TemplateBackward(causal={self.causal}, scale={self.scale})"
-
 
 def _val(x: Any) -> Any:
     return x.meta.get("val") if isinstance(x, fx.Node) else None
@@ -151,7 +142,7 @@ def _val(x: Any) -> Any:
 
 def _rewrite(n: fx.Node, forward: bool) -> str:
     """Choose for one attention node, rewrite it if the template is chosen; the note."""
-    a = _named(n)
+    a = named_args(n)
     q, k, v = (_val(a[x]) for x in ("query", "key", "value"))
     mask = a.get("attn_mask", a.get("attn_bias"))
     if not forward and a.get("grad_input_mask") is not None and a["grad_input_mask"][3]:

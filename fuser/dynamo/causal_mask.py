@@ -29,9 +29,9 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fuser.config import config
+from fuser.dynamo.attention import BACKWARD, CAUSAL_NOTE, FORWARD, named_args
 
 aten = torch.ops.aten
-META = "fuser_causal_mask"
 MAX_ELEMENTS = 1 << 27  # larger masks are left alone: evaluating one costs ~0.5 GB
 # A float mask entry this low blocks its key: fp16's lowest, which torch (a boolean mask
 # handed to cuDNN becomes -65504, -65536 in bf16) and transformers write for minus
@@ -40,16 +40,9 @@ MAX_ELEMENTS = 1 << 27  # larger masks are left alone: evaluating one costs ~0.5
 BLOCKED = -65504.0
 
 
-def _ops(*names: str) -> set[Any]:
-    return {getattr(aten, n).default for n in names if hasattr(aten, n)}
-
-
-_FORWARD = (
-    "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention",
-)
-ATTENTION = _ops(*_FORWARD, *(f"{n}_backward" for n in _FORWARD))
+# every SDPA kernel of attention.py's tables; those that take no mask (flash on a GPU)
+# are passed over where their mask is looked up
+ATTENTION = set(FORWARD) | set(BACKWARD)
 _MASK_ARGS = ("attn_mask", "attn_bias")
 
 
@@ -61,12 +54,7 @@ def _arg_index(node: fx.Node, name: str) -> int | None:
 
 
 def _get(node: fx.Node, name: str) -> Any:
-    i = _arg_index(node, name)
-    if i is None:
-        return None
-    if i < len(node.args):
-        return node.args[i]
-    return node.kwargs.get(name, node.target._schema.arguments[i].default_value)
+    return named_args(node).get(name)
 
 
 def _set(node: fx.Node, name: str, value: Any) -> None:
@@ -213,7 +201,7 @@ def causal_masks(gm: fx.GraphModule) -> list[str]:
             f"{node.name}: its {name} ({mask.name}, computed from sizes alone) is the causal "
             f"mask of T={lens[0]}: is_causal=True, no mask (FUSER_CAUSAL_MASK=0 keeps it)"
         )
-        node.meta[META] = note
+        node.meta[CAUSAL_NOTE] = note
         notes.append(note)
     if notes:
         _erase_unused(gm, [m for m, _ in proven])

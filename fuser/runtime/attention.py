@@ -84,9 +84,8 @@ def _run(
 ) -> None:
     """Launch kernel `name` of the plan's module on `args` (then `consts`, by name)."""
     device = args[0].device
-    kernel = getattr(_module(plan, device), name)
     if device.type != "cuda":
-        kernel[grid](*args, **consts, **opts)
+        getattr(_module(plan, device), name)[grid](*args, **consts, **opts)
         return
     key = launch_key(plan, name, grid, args, consts)
     fast = _direct.get(key)
@@ -94,6 +93,7 @@ def _run(
         ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
         fast(raw_stream(device.index), ptrs + list(consts.values()))
         return
+    kernel = getattr(_module(plan, device), name)  # the first launch of this key only
     with torch.cuda.device(device):
         compiled = kernel[grid](*args, **consts, **opts)
     if len(_direct) >= 4096:  # as many layouts as a process meets: start over
