@@ -79,3 +79,70 @@ def test_what_depends_on_rows_keeps_its_layout() -> None:
     (y,) = fd.execute([a])
     assert not _flat_note(fd)
     torch.testing.assert_close(y, a + torch.arange(7, dtype=torch.float32, device=DEVICE))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope_from_positions(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Llama's rotary embedding as transformers writes it: cos and sin from the
+    positions each call, rotate_half by slices and a cat."""
+    d, t = q.shape[-1], q.shape[-2]
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device=q.device).float() / d))
+    freqs = torch.arange(t, device=q.device).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 16, 64), (2, 1, 8, 64), (1, 2, 32, 32), (1, 1, 12, 64)])
+def test_rotary_backward_of_slices_is_not_flattened(shape: tuple[int, ...]) -> None:
+    """The backward of the slices (pads of sin and cos, read through index maps along the
+    row) once ran flattened to [total / 1024, 1024] wherever the element count was a
+    multiple of 1024: q's and k's gradients were wrong (a Llama's q_proj gradient off by
+    100%) while the loss matched. 12 x 64 is the control that never flattened."""
+    torch._dynamo.reset()
+    q0 = _randn(*shape, dtype=torch.float32, seed=11)
+    k0 = _randn(*shape, dtype=torch.float32, seed=12)
+    gq = _randn(*shape, dtype=torch.float32, seed=13)
+    gk = _randn(*shape, dtype=torch.float32, seed=14)
+
+    def run(fn: object) -> list[torch.Tensor]:
+        q, k = q0.clone().requires_grad_(), k0.clone().requires_grad_()
+        a, b = fn(q, k)  # type: ignore[operator]
+        ((a * gq).sum() + (b * gk).sum()).backward()
+        return [a.detach(), b.detach(), q.grad, k.grad]
+
+    want = run(_rope_from_positions)
+    got = run(torch.compile(_rope_from_positions, backend="fuser"))
+    for name, g, w in zip(("q_rot", "k_rot", "dq", "dk"), got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("shape", [(16, 64), (8, 128), (32, 96)])
+def test_column_index_maps_keep_their_layout(shape: tuple[int, int]) -> None:
+    """Slices, pads and a cat (rotate_half) at sizes whose element count is a multiple of
+    1024, where contiguous pointwise kernels run flat: each reads through an index map
+    along the row, keeps its [rows, cols] layout and agrees with torch."""
+    rows, cols = shape
+    half = cols // 2
+    x = _randn(rows, cols, dtype=torch.float32, seed=10)
+    with FusionDefinition("pad_of_slice") as fd:
+        o = fd.ops
+        t = fd.define_tensor([rows, cols])  # layout ops need static sizes
+        fd.add_output(o.mul(o.pad(o.sin(o.slice(t, 1, half, cols)), 1, half, 0), 2.0))
+        fd.add_output(o.pad(o.slice(t, 1, 3, cols), 1, 0, 3))  # shift left by 3, zero fill
+    upper, shifted = fd.execute([x])
+    assert not _flat_note(fd), fd.explain()
+    torch.testing.assert_close(upper, torch.nn.functional.pad(x[:, half:].sin(), (half, 0)) * 2)
+    torch.testing.assert_close(shifted, torch.nn.functional.pad(x[:, 3:], (0, 3)))
+
+    with FusionDefinition("rotate_half") as fd:
+        o = fd.ops
+        t = fd.define_tensor([rows, cols])
+        fd.add_output(o.cat([o.neg(o.slice(t, 1, half, cols)), o.slice(t, 1, 0, half)], 1))
+    (rot,) = fd.execute([x])
+    assert not _flat_note(fd)
+    torch.testing.assert_close(rot, torch.cat([-x[:, half:], x[:, :half]], 1))

@@ -20,7 +20,16 @@ import fuser
 from fuser.profile import classify, load_run
 from fuser.profile.analyse import analyse
 from fuser.profile.capture import Capture, Pass, capture
-from fuser.profile.classify import ATTENTION, COPIES, FUSED, GEMM, IDLE, OPTIMIZER, UNFUSED
+from fuser.profile.classify import (
+    ATTENTION,
+    COPIES,
+    FUSED,
+    GEMM,
+    IDLE,
+    OPTIMIZER,
+    OTHER,
+    UNFUSED,
+)
 from fuser.profile.compare import align, compare
 from fuser.profile.events import CpuEvent, gpu_activities, split_steps, trim
 from fuser.profile.profiler import build, save_run, used_regions, write
@@ -332,6 +341,21 @@ def test_recorded_step_fuser():
     assert any(r.label.startswith("bw h.11.") for r in fused), [r.label for r in fused][:5]
     assert 0 < sum(r.pct_peak for r in p.rows if r.category == GEMM and r.pct_peak)
     assert "GPU busy" in p.table()
+
+
+def test_coverage_by_gpu_time(gpu_like):
+    """Fused-op coverage: fused kernels' share of the time of every kernel but GEMMs,
+    attention and the optimizer, from the categories; none without times (a CPU run)."""
+    for p in (load_run(_fixture("fuser")), build(*gpu_like[:2], env=gpu_like[2], copy_gbps=3e3)):
+        cov = p.coverage()
+        c = p.categories
+        memory_bound = sum(c.get(k) or 0.0 for k in (FUSED, UNFUSED, COPIES, OTHER))
+        assert cov["memory_bound_ms"] == pytest.approx(memory_bound)
+        assert cov["fused_ms"] == pytest.approx(c[FUSED]) and 0 < cov["share"] < 1
+        assert cov["memory_bound_ms"] < p.budget["window_ms"] - c[GEMM] - c[ATTENTION] + 1e-9
+        assert f"fused-op coverage {cov['share']:.0%}" in p.table()
+        assert p.to_json()["coverage"] == cov
+    assert analyse("x", [], {}, env={"device": "?"}, timing={}).coverage() is None
 
 
 def test_recorded_comparison(tmp_path):

@@ -17,7 +17,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fuser.explanation import Explanation
-from fuser.profile.classify import CATEGORIES, GEMM, IDLE
+from fuser.profile.classify import (
+    ATTENTION,
+    CATEGORIES,
+    COPIES,
+    FUSED,
+    GEMM,
+    IDLE,
+    OTHER,
+    UNFUSED,
+)
 
 TARGET_SUM = 0.03  # categories (idle included) vs the unprofiled step time
 TARGET_OVERHEAD = 0.05  # profiled vs unprofiled step time
@@ -101,6 +110,19 @@ class StepProfile:
         base, busy = self.timing.get("unprofiled_ms"), self.budget.get("busy_ms")
         return None if base is None or busy is None else base - busy
 
+    def coverage(self) -> dict[str, float] | None:
+        """Fused-op coverage: the share of the step's memory-bound GPU time spent in fused
+        kernels (fuser's, or Inductor's for its run). Memory-bound time is every kernel
+        but GEMMs, attention and the optimizer (which runs outside the compiled graph):
+        the fused kernels, the unfused ATen ones, copies/fills and unclassified ones.
+        None where the profile has no times (a CPU run)."""
+        if not self.has_time:
+            return None
+        ms = {c: self.categories.get(c) or 0.0 for c in (FUSED, UNFUSED, COPIES, OTHER)}
+        total = sum(ms.values())
+        share = ms[FUSED] / total if total else float("nan")
+        return {"fused_ms": ms[FUSED], "memory_bound_ms": total, "share": share}
+
     def checks(self) -> dict[str, Any]:
         t, out = self.timing, {}
         base = t.get("unprofiled_ms")
@@ -126,6 +148,7 @@ class StepProfile:
             "timing": self.timing,
             "budget": {**self.budget, "idle_at_unprofiled_step_ms": self.idle_unprofiled_ms},
             "categories_ms": self.categories,
+            "coverage": self.coverage(),
             "checks": self.checks(),
             "notes": self.notes,
             "groups": [_row_json(r) for r in self.groups()],
@@ -263,7 +286,7 @@ def category_lines(p: StepProfile) -> list[str]:
     for c in CATEGORIES:
         rows = [r for r in p.rows if r.category == c]
         kms = sum(r.kernel_ms or 0 for r in rows)
-        if c in (GEMM, "attention"):
+        if c in (GEMM, ATTENTION):
             fl = sum(r.flops or 0 for r in rows)
             if fl and kms:
                 tf = fl / kms / 1e9
@@ -300,6 +323,13 @@ def category_lines(p: StepProfile) -> list[str]:
             lines.append(
                 f"  at the unprofiled step ({base:.2f} ms) the GPU is idle {idle:.2f} ms "
                 f"({100 * idle / base:.1f}%): that step less the kernels' time"
+            )
+        cov = p.coverage()
+        if cov and cov["memory_bound_ms"]:
+            lines.append(
+                f"  fused-op coverage {cov['share']:.0%}: fused kernels {cov['fused_ms']:.2f} "
+                f"of {cov['memory_bound_ms']:.2f} ms memory-bound (all but GEMMs, attention, "
+                "optimizer)"
             )
     return lines
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from fuser.ir.broadcast import row_map
 from fuser.ir.graph import Graph, Value
-from fuser.ir.ops import INDEXED, Op
+from fuser.ir.ops import INDEXED, LAYOUT, Op
 from fuser.schedulers.spec import Arg, KernelSpec
 from fuser.segmenter import Kind, Segment
 
@@ -86,12 +86,14 @@ def _flat_pointwise(seg: Segment, args: list[Arg]) -> tuple[Segment, list[Arg]] 
     care where rows end: seen as [total / W, W] its rows are all aligned and W is a power
     of two, so accesses are 16 bytes wide and tails disappear (16384 x 50257, whose odd
     rows allow only 2-byte accesses, becomes 201032 x 4096). None when that does not
-    apply: a reduction, a broadcast operand, an iota (it reads the column index), a
-    strided tensor, or no power-of-two width of at least FLAT_MIN_WIDTH that helps."""
+    apply: a reduction, a broadcast operand, an op that reads the column index (an iota,
+    or a slice, pad or cat read through its index map: a rotary embedding's rotate_half),
+    an indexed read, a strided tensor, or no power-of-two width of at least
+    FLAT_MIN_WIDTH that helps."""
     layout = seg.layout
     if layout is None or layout.inner or layout.outer or len(layout.domain) < 2:
         return None
-    if any(n.op.value in ("iota", "gather_rows") for n in seg.nodes):
+    if any(n.op == Op.IOTA or n.op in LAYOUT or n.op in INDEXED for n in seg.nodes):
         return None
     rows, cols = layout.rows, layout.cols
     for a in args:

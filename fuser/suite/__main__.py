@@ -27,8 +27,8 @@ from fuser.suite.run import IMPLS, Result, judge, train
 def table(results: list[Result]) -> str:
     rows = [
         "| model | impl | params M | pass | max loss diff | max grad err | ms/step | "
-        "vs eager | peak GiB | fused/unfused ops |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "vs eager | peak GiB | fused/unfused ops | GPU busy ms | coverage (GPU time) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = {r.model: r for r in results if r.impl == "eager"}
     speedups: dict[str, list[float]] = {}
@@ -39,10 +39,13 @@ def table(results: list[Result]) -> str:
             speedups.setdefault(r.impl, []).append(speed)
         ops = f"{r.fused_ops}/{r.unfused_ops}" if r.impl == "fuser" and not r.error else ""
         state = "FAIL (error)" if r.error else ("pass" if r.ok else "FAIL (parity)")
+        timed = [v for k, v in r.gpu_ms.items() if k != "idle" and v is not None]
+        busy = sum(timed) if timed else None
+        gpu = f"{busy:.1f} | {r.gpu_coverage:.0%}" if busy is not None else " | "
         rows.append(
             f"| {r.model} | {r.impl} | {r.params_m:.1f} | {state} | {r.max_loss_diff:.2e} | "
             f"{r.max_grad_err:.2e} | {r.ms_per_step:.1f} | {speed:.2f}x | "
-            f"{r.peak_mem_gib:.2f} | {ops} |"
+            f"{r.peak_mem_gib:.2f} | {ops} | {gpu} |"
         )
     rows.append("")
     for impl, s in speedups.items():
@@ -62,6 +65,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
     ap.add_argument("--warmup", type=int, default=None, help="default 1 on CPU, 4 on a GPU")
     ap.add_argument("--device", default=None, help="default cuda if available, else cpu")
     ap.add_argument("--out", type=Path, default=None, help="folder for suite.jsonl and suite.md")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="a GPU: profile one more step of each compiled run (GPU time by category, "
+        "fused-op coverage by GPU time); reports in --out/profiles",
+    )
     args = ap.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cpu = device == "cpu"
@@ -83,7 +92,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
             if ref.error:
                 print(f"{name:9s} fp32 reference failed: {ref.error.strip().splitlines()[-1]}")
         for impl in impls:
-            res, grads = train(name, args.size, impl, device, steps, warmup)
+            prof = None
+            if args.profile and not cpu and impl != "eager":
+                prof = (args.out or Path("suite-out")) / "profiles"
+            res, grads = train(name, args.size, impl, device, steps, warmup, profile_to=prof)
             if impl == "eager":
                 base, base_grads = res, grads
             elif base is not None:

@@ -15,7 +15,9 @@ import statistics
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -69,6 +71,10 @@ class Result:
     unfused_ops: int = 0
     unfused_top: list[str] = field(default_factory=list)
     fell_back: list[str] = field(default_factory=list)  # regions that ran as ATen, and why
+    # from a profiled step (--profile, a GPU): ms per step by category, and the fused-op
+    # coverage by GPU time (StepProfile.coverage)
+    gpu_ms: dict[str, float | None] = field(default_factory=dict)
+    gpu_coverage: float = float("nan")
     error: str = ""
 
     @property
@@ -133,12 +139,36 @@ def compiled(model: torch.nn.Module, impl: str) -> tuple[torch.nn.Module, object
     raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")
 
 
+def profiled(step: Callable[[], object], res: Result, out: Path) -> None:
+    """Profile one more of `res`'s steps (the step profiler, its report written to `out`)
+    and keep its GPU time by category and its fused-op coverage."""
+    from fuser.profile.profiler import profile  # the profiler pulls in the bench's helpers
+    from fuser.profile.report import StepProfile, dumps
+
+    prof = profile(step, name=res.impl, steps=3, warmup=1, timed=5, title=res.model)
+    assert isinstance(prof, StepProfile)
+    res.gpu_ms = dict(prof.categories)
+    cov = prof.coverage()
+    res.gpu_coverage = cov["share"] if cov else float("nan")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.txt").write_text(str(prof.table(top=30)) + "\n")
+    (out / "profile.json").write_text(dumps(prof.to_json()))
+
+
 def train(
-    name: str, size: str, impl: str, device: str, steps: int, warmup: int, amp: bool = True
+    name: str,
+    size: str,
+    impl: str,
+    device: str,
+    steps: int,
+    warmup: int,
+    amp: bool = True,
+    profile_to: Path | None = None,
 ) -> tuple[Result, dict[str, torch.Tensor]]:
     """Train `name` with `impl` for `steps` steps: the result and the first step's
     gradients (`judge` compares both with eager's). On a GPU the forward runs under bf16
-    autocast unless `amp` is False (the fp32 reference)."""
+    autocast unless `amp` is False (the fp32 reference). With `profile_to` (a GPU), one
+    more step is profiled after the timed ones (`profiled`)."""
     res = Result(name, size, impl, device)
     torch._dynamo.reset()
     gc.collect()
@@ -176,6 +206,17 @@ def train(
         if backend is not None:
             res.graphs = len(backend.captures)
             coverage(backend, res)
+        if profile_to is not None and cuda:
+            kwargs = batch(name, size, model, device, seed=1 + steps)
+
+            def step() -> None:
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                    loss = step_model(**kwargs).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            profiled(step, res, profile_to / f"{name}-{impl}")
     except Exception:
         res.error = traceback.format_exc()[-3000:]
     return res, grads
