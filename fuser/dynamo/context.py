@@ -41,6 +41,11 @@ class NotLowerable(Exception):
     """This node cannot become fuser IR; the message says why (shown by explain)."""
 
 
+class NothingToFuse(NotLowerable):
+    """A region whose outputs are all its inputs (views of them): no kernel to make. Its
+    ops stay ATen as free views, which is not a fallback."""
+
+
 def register(*targets: Any, free: bool = False) -> Callable[[Lowering], Lowering]:
     def deco(fn: Lowering) -> Lowering:
         for t in targets:

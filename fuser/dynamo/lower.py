@@ -23,7 +23,7 @@ from fuser.config import config, debug_print
 from fuser.dynamo.attention import lower_attention
 from fuser.dynamo.causal_mask import causal_masks
 from fuser.dynamo.ce_rewrite import scale_saved_gradient_in_place
-from fuser.dynamo.context import NotLowerable
+from fuser.dynamo.context import NothingToFuse, NotLowerable
 from fuser.dynamo.gemm import lower_gemm
 from fuser.dynamo.indexing import lower_scatters
 from fuser.dynamo.layout import drop_empty_pieces
@@ -52,6 +52,7 @@ from fuser.dynamo.views import sink_row_views
 from fuser.errors import FuserError
 
 VIEW_ONLY = "only views/constants, no compute: not worth a kernel, stays ATen (free)"
+IDENTITY = "its region's outputs are views of its inputs (a one-tensor cat, an expand): stays ATen"
 
 
 @dataclass
@@ -120,6 +121,10 @@ def _plan_regions(
             rec.fd = fd
             with unset_fake_temporarily():  # plan now: a FuserError shows at compile time
                 fd.compile(meta_inputs(plan))
+        except NothingToFuse:
+            record.regions.pop()
+            reasons.update((n, IDENTITY) for n in nodes)
+            continue
         except (NotLowerable, FuserError) as e:
             rec.fallback = f"{type(e).__name__}: {e}"
         except Exception as e:

@@ -11,7 +11,7 @@ import torch
 from torch import fx
 
 from fuser.config import debug_print
-from fuser.dynamo.context import LOWERINGS, LowerCtx, NotLowerable, meta_of
+from fuser.dynamo.context import LOWERINGS, LowerCtx, NothingToFuse, NotLowerable, meta_of
 from fuser.dynamo.support import describe, is_free, op_name
 from fuser.errors import FuserError, OutOfBoundsError
 from fuser.frontend.builder import Tensor
@@ -129,7 +129,7 @@ def build_definition(plan: RegionPlan) -> tuple[FusionDefinition, list[tuple[str
             fd.add_output(t)
         slots.append(("fd", added[t.value.id]))
     if not added:
-        raise NotLowerable("the region computes nothing (only identities of its inputs)")
+        raise NothingToFuse("the region computes nothing (only identities of its inputs)")
     for o, (kind, k) in zip(plan.outputs, slots):
         layout = _layout(o)  # ATen's strides, when not contiguous: the kernel writes them
         if kind == "fd" and layout is not None:
