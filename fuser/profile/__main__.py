@@ -40,8 +40,18 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     cuda = torch.cuda.is_available()
     ap.add_argument("--model", default="gpt2" if cuda else "gpt2-tiny", choices=MODELS)
-    ap.add_argument("--batch", type=int, default=16 if cuda else 2)
-    ap.add_argument("--seq", type=int, default=1024 if cuda else 8)
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="batch size (default 16 on a GPU, 2 on a CPU; a suite: model's own batch)",
+    )
+    ap.add_argument(
+        "--seq",
+        type=int,
+        default=None,
+        help="sequence length (default 1024 on a GPU, 8 on a CPU; a suite: model's own)",
+    )
     ap.add_argument("--backend", default="fuser", choices=BACKENDS)
     ap.add_argument("--compare", default=None, choices=BACKENDS, help="a second backend")
     ap.add_argument(

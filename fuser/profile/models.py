@@ -5,8 +5,8 @@ gpt2-small and gpt2-tiny smaller ones) and models from `transformers` built from
 configuration, with random weights and no download (llama-125m: LlamaForCausalLM of
 hidden 768, 12 layers, 12 heads, MLP 2048, vocabulary 32000; hf-gpt2: GPT2LMHeadModel
 at GPT-2's 124M; llama-tiny, hf-gpt2-tiny for a CPU); and every family of the model suite
-as `suite:<family>` (its full size and batch, `--batch` and `--seq` aside) or
-`suite:<family>-tiny`. As in benchmarks/gpt2_bench.py: on a
+as `suite:<family>` (its full size, at the suite's batch and length unless `--batch` or
+`--seq` say otherwise) or `suite:<family>-tiny`. As in benchmarks/gpt2_bench.py: on a
 GPU the forward runs under bf16 autocast and AdamW is the fused one; every backend starts
 from the same weights (one seed) and trains on the same batch.
 """
@@ -76,15 +76,17 @@ PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def training_step(
     name: str,
     backend: str,
-    batch: int,
-    seq: int,
+    batch: int | None,
+    seq: int | None,
     device: str,
     seed: int = 0,
     param_dtype: str = "fp32",
 ) -> tuple[Callable[[], None], str]:
     """A closure running one training step of `name` compiled by `backend`, and a title.
-    `param_dtype` "bf16": the parameters themselves in bf16 (pure-bf16 training, and what
-    FSDP2's mixed precision hands the compiled blocks), still under autocast."""
+    `batch`, `seq`: None for the default (a suite model's own shape; else 16 x 1024 on a
+    GPU, 2 x 8 on a CPU). `param_dtype` "bf16": the parameters themselves in bf16
+    (pure-bf16 training, and what FSDP2's mixed precision hands the compiled blocks),
+    still under autocast."""
     torch._dynamo.reset()  # each backend compiles from scratch and frees the last one's
     gc.collect()
     cuda = device.startswith("cuda")
@@ -94,12 +96,13 @@ def training_step(
     if name.startswith("suite:"):  # the suite's own model, size and batch
         family = name.removeprefix("suite:").removesuffix("-tiny")
         size = "tiny" if name.endswith("-tiny") else "full"
-        model = suite.build(family, size, device, seed)
-        suite_kwargs = suite.batch(family, size, model, device, seed + 1)
         b, n = suite.shape(suite.FAMILIES[family], size, device)
+        batch, seq = batch or b, seq or n
+        model = suite.build(family, size, device, seed)
+        suite_kwargs = suite.batch(family, size, model, device, seed + 1, dims=(batch, seq))
         vocab, what = 0, f"{type(model).__name__} {name} (transformers, the suite's {size} size)"
-        batch, seq = b, n
     else:
+        batch, seq = batch or (16 if cuda else 2), seq or (1024 if cuda else 8)
         model, vocab, what = build(name, seq, device, seed)
     if param_dtype not in PARAM_DTYPES:
         raise ValueError(f"param_dtype={param_dtype!r}; expected one of {list(PARAM_DTYPES)}")

@@ -211,10 +211,18 @@ def build(name: str, size: str, device: str, seed: int = 0) -> torch.nn.Module:
     return getattr(transformers, family.cls)(config).to(device)
 
 
-def batch(name: str, size: str, model: torch.nn.Module, device: str, seed: int) -> dict:
-    """The keyword arguments of one training step's forward (labels included)."""
+def batch(
+    name: str,
+    size: str,
+    model: torch.nn.Module,
+    device: str,
+    seed: int,
+    dims: tuple[int, int] | None = None,
+) -> dict:
+    """The keyword arguments of one training step's forward (labels included); `dims`:
+    (batch, sequence length or image side) in place of the suite's own."""
     family = FAMILIES[name]
-    b, n = shape(family, size, device)
+    b, n = dims or shape(family, size, device)
     g = torch.Generator().manual_seed(seed)
     if family.kind == "vision":
         pixels = torch.randn(b, 3, n, n, generator=g).to(device)
