@@ -31,6 +31,7 @@ from typing import Any
 from torch import fx
 
 from fuser.config import config, debug_print
+from fuser.dynamo.program.casts import group_casts
 from fuser.dynamo.program.copies import elide_clones
 from fuser.dynamo.program.emit import emit_program
 from fuser.dynamo.program.fold import fold_views
@@ -94,6 +95,7 @@ class CallProgram:
             steps = elide_clones(b.build(), b.inputs, b.result_uses, b.clones)
             steps = fold_views(steps, b.result_uses)
             steps = pointer_views(steps, b.result_uses, b.itemsize)
+            steps = group_casts(steps, b.names)
             memory = plan_memory(steps, b.inputs, b.result_uses, reuse=REUSE)
             layouts = _input_layouts(b, seen)
             emitted = emit_program(

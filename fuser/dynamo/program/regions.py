@@ -12,12 +12,14 @@ called as modules.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
 from fuser.dynamo.program.segments import fresh_result, segment_steps
 from fuser.dynamo.program.step import Step
+from fuser.ir.ops import Op
 from fuser.runtime.buffers import restride  # the strides ATen gives
 from fuser.runtime.checks import check_args
 from fuser.runtime.cuda_backend import direct_launcher
@@ -88,7 +90,40 @@ def inline_region(
                     name = tmp
             args.append(name)
         steps += _launch(kernel, args, b, device)
-    return steps + _output_steps(region, plan, outs, inputs, direct, value, roots, shared, b)
+    after = _output_steps(region, plan, outs, inputs, direct, value, roots, shared, b)
+    if not after and len(plan.segments) == 1:
+        _mark_cast(steps, plan, n, b)
+    return steps + after
+
+
+def _mark_cast(steps: list[Step], plan: Any, n: fx.Node, b: StepBuilder) -> None:
+    """Mark the launch of a region that only casts one whole graph input, seen contiguous
+    and 16-byte aligned, into a fresh contiguous buffer (Step.cast): casts.py may launch
+    it with others. Anything else stays as it is."""
+    kernel = plan.kernels.get(plan.segments[0].index)
+    if kernel is None or kernel.backend != "triton" or kernel.workspaces or kernel.spec.checks:
+        return
+    if [node.op for node in plan.segments[0].nodes] != [Op.CAST] or len(steps) != 2:
+        return
+    alloc, launch = steps
+    (src_out, vin, shape_in, din), (dst_out, _, shape_out, dout) = kernel.arg_plan
+    if src_out or not dst_out or alloc.kind != "alloc" or launch.kind != "launch":
+        return
+    source = n.args[plan._input_ids.index(vin)] if vin in plan._input_ids else None
+    lay = b.seen.layouts.get(source) if isinstance(source, fx.Node) else None
+    if source is None or source.op != "placeholder" or lay is None or lay.align:
+        return
+    numel = math.prod(int(d) for d in shape_in)
+    shape, stride, dtype, _ = alloc.alloc  # type: ignore[misc]
+    if (
+        numel != math.prod(int(d) for d in shape_out)
+        or lay.stride != _contiguous(lay.shape)
+        or tuple(stride) != _contiguous(tuple(shape))
+        or dtype != dout
+        or lay.dtype != din
+    ):
+        return
+    launch.cast = (b.local[source], alloc.defines[0], numel, din, dout)
 
 
 def _seen_contiguous(p: Any, b: StepBuilder) -> bool:

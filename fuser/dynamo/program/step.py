@@ -23,6 +23,9 @@ class Step:
     counts the steps by it.
     view: a view's (function, shape, strides, offset from its base's), which fold.py
     composes.
+    cast: a launch that only casts a whole contiguous graph input into a fresh contiguous
+    buffer: (source name, destination name, element count, source dtype, destination
+    dtype), which casts.py may launch together with others.
     """
 
     kind: str
@@ -35,3 +38,4 @@ class Step:
     device: object = None  # a launch's device
     op: str = ""
     view: tuple | None = None
+    cast: tuple | None = None
