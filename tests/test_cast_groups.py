@@ -85,7 +85,8 @@ def _run(model: torch.nn.Module, fn, x: torch.Tensor) -> tuple[torch.Tensor, dic
 def test_autocast_weight_casts_launch_together(grouped: bool, monkeypatch) -> None:
     """Under autocast the six weight and bias casts (and the input's) of a 3-layer MLP
     are lone casts of graph inputs: grouped, the forward program launches them as one
-    CastGroup; either way the step computes what eager computes."""
+    CastGroup, and the backward its gradients' casts back to float32; either way the
+    step computes what eager computes."""
     monkeypatch.setattr(config, "cast_groups", grouped)
     torch.manual_seed(0)
     model = _MLP().to(DEVICE)
@@ -105,12 +106,16 @@ def test_autocast_weight_casts_launch_together(grouped: bool, monkeypatch) -> No
     assert len(groups) == (1 if grouped else 0)
     if grouped:
         assert len(groups[0].uses) == 2 * 7  # six parameters and the input, each a pair
+    # the backward's casts of the weight gradients (bf16 matmul results) to float32 run
+    # late, together
+    backward = backend.captures[0].graphs[1].program
+    assert ("casts, one launch" in backward.source) == grouped, backward.source
 
 
-def _cast_pair(i: int, numel: int = 10, device: str = "cuda:0") -> list[Step]:
+def _cast_pair(i: int, numel: int = 10, device: str = "cuda:0", where: str = "input") -> list[Step]:
     src, dst = f"p{i}", f"c{i}"
     alloc = Step("alloc", (dst,), (), alloc=((numel,), (1,), torch.bfloat16, device))
-    cast = (src, dst, numel, torch.float32, torch.bfloat16)
+    cast = (src, dst, numel, torch.float32, torch.bfloat16, where)
     return [alloc, Step("launch", (), (src, dst), "launch", device=device, cast=cast)]
 
 
@@ -139,3 +144,30 @@ def test_grouping_limits(monkeypatch) -> None:
     # off: unchanged
     monkeypatch.setattr(config, "cast_groups", False)
     assert casts.group_casts(steps, Names(set())) == steps
+
+
+def test_casts_of_computed_values_sink_to_their_first_reader(monkeypatch) -> None:
+    """A cast of a computed value (a weight gradient back to float32) runs later, with
+    the next ones, up to the first step that reads one of their results; never across an
+    in-place call; the results no step reads are cast together at the end."""
+    monkeypatch.setattr(config, "cast_groups", True)
+
+    def mm(i: int, *uses: str) -> Step:
+        return Step("call", (f"p{i}",), uses, f"p{i} = mm()", op="aten.mm")
+
+    reader = Step("call", ("r",), ("c1",), "r = c1 + 1", op="aten.add")
+    copy = Step("call", ("z",), ("q",), "z = copy_(q)", op="aten.copy_")
+    steps = (
+        [mm(0)] + _cast_pair(0, where="value") + [mm(1)] + _cast_pair(1, where="value")
+        + [mm(2), reader] + _cast_pair(2, where="value") + [copy, mm(3)]
+        + _cast_pair(3, where="value") + [mm(4)] + _cast_pair(4, where="value")
+    )  # fmt: skip
+    out = casts.group_casts(steps, Names(set()))
+    order = [s.defines[0] if s.kind != "launch" else "+".join(s.uses[1::2]) for s in out]
+    assert order == ["p0", "p1", "p2", "c0", "c1", "c0+c1", "r", "c2", "c2", "z",
+                     "p3", "p4", "c3", "c4", "c3+c4"]  # fmt: skip
+    # each cast still reads a source made before it runs
+    made: set[str] = set()
+    for s in out:
+        assert all(u in made or u == "q" for u in s.uses if u.startswith(("p", "q"))), s
+        made.update(s.defines)

@@ -1,19 +1,21 @@
-"""Casts of graph inputs launched together: a horizontal fusion in the call program.
+"""Casts launched together: a horizontal fusion in the call program.
 
-Under autocast a step casts every weight to bf16 in the forward, and again in the
-backward: each cast is a region of its own (a lone `_to_copy`), a tiny kernel whose
-launch costs more host time than its GPU time (~150 of the ~1000 launches of a 12-layer
-Llama step). A cast whose source is a graph input can run earlier than where it stands,
-since its source exists from the program's start. So consecutive such casts, marked by
-regions.py (Step.cast), are gathered at the first one's place and launched as one
-CastGroup (fuser/runtime/cast_group.py).
+Under autocast a step casts every weight to bf16 in the forward and each weight's
+gradient back to float32 in the backward: each cast is a region of its own (a lone
+`_to_copy`), a tiny kernel whose launch costs more host time than its GPU time (~170 of
+the ~1000 launches of a 12-layer Llama step). Casts marked by regions.py (Step.cast) are
+gathered and launched as one CastGroup (fuser/runtime/cast_group.py):
+- a cast of a graph input can run earlier than where it stands, since its source exists
+  from the program's start: consecutive ones are launched at the first one's place;
+- a cast of a computed value can run later, until something reads its result: consecutive
+  ones are launched at the place of the first step that reads one of their results (the
+  gradients' casts are read only by the return).
 
 Limits keep it safe and cheap:
 - at most MAX_TENSORS casts a launch;
-- at most MAX_BYTES of their results alive early: each result is made before its use, by
-  at most one group's worth;
-- no group spans an in-place call, which could change a source between the group's place
-  and the cast's own;
+- at most MAX_BYTES of their results made early, or of their sources held late;
+- no group spans an in-place call (it could change a source between the group's place
+  and the cast's own) or a region called as a module;
 - one device a group.
 """
 
@@ -58,7 +60,7 @@ class _Group:
 
 
 def _result_bytes(launch: Step) -> int:
-    _, _, numel, _, dst = launch.cast  # type: ignore[misc]
+    _, _, numel, _, dst, _ = launch.cast  # type: ignore[misc]
     return numel * dst.itemsize
 
 
@@ -68,38 +70,77 @@ def _in_place(op: str) -> bool:
     return len(parts) > 1 and parts[1].endswith("_")
 
 
-def group_casts(steps: list[Step], names: Names) -> list[Step]:
-    """`steps` with runs of marked casts (Step.cast, each right after its result's
-    allocation) launched together at the first one's place; unchanged where
-    FUSER_CAST_GROUPS=0."""
-    if not config.cast_groups:
-        return steps
+def _barrier(s: Step) -> bool:
+    """A step no group moves across: it may write a value a cast reads."""
+    return s.kind == "region" or (s.kind == "call" and _in_place(s.op))
+
+
+def _pair(steps: list[Step], i: int, where: str) -> Step | None:
+    """The marked cast of kind `where` whose result steps[i] allocates, if steps[i + 1]."""
+    s, nxt = steps[i], steps[i + 1] if i + 1 < len(steps) else None
+    if s.kind != "alloc" or nxt is None or nxt.cast is None:
+        return None
+    c = nxt.cast
+    return nxt if c[1] == s.defines[0] and c[2] <= MAX_ELEMENTS and c[5] == where else None
+
+
+def _hoisted(steps: list[Step], names: Names) -> list[Step]:
+    """Casts of graph inputs, consecutive ones at the first one's place."""
     out: list[Step | _Group] = []
     group: _Group | None = None
     i = 0
     while i < len(steps):
-        s = steps[i]
-        nxt = steps[i + 1] if i + 1 < len(steps) else None
-        if (
-            s.kind == "alloc"
-            and nxt is not None
-            and nxt.cast is not None
-            and nxt.cast[1] == s.defines[0]
-            and nxt.cast[2] <= MAX_ELEMENTS
-        ):
-            nbytes = _result_bytes(nxt)
-            if group is None or not group.takes(nxt, nbytes):
-                group = _Group(nxt.device)
+        launch = _pair(steps, i, "input")
+        if launch is not None:
+            nbytes = _result_bytes(launch)
+            if group is None or not group.takes(launch, nbytes):
+                group = _Group(launch.device)
                 out.append(group)
-            group.members.append((s, nxt))
+            group.members.append((steps[i], launch))
             group.nbytes += nbytes
             i += 2
             continue
-        if s.kind == "region" or (s.kind == "call" and _in_place(s.op)):
-            group = None  # an in-place call (or an opaque module) may write a source
+        if _barrier(steps[i]):
+            group = None
+        out.append(steps[i])
+        i += 1
+    return [x for item in out for x in (item.steps(names) if isinstance(item, _Group) else [item])]
+
+
+def _sunk(steps: list[Step], names: Names) -> list[Step]:
+    """Casts of computed values, consecutive ones at the place of the first step that
+    reads one of their results (or a barrier, or the end)."""
+    out: list[Step] = []
+    group: _Group | None = None
+    made: set[str] = set()
+    i = 0
+    while i < len(steps):
+        launch = _pair(steps, i, "value")
+        if launch is not None:
+            nbytes = _result_bytes(launch)
+            if group is not None and not group.takes(launch, nbytes):
+                out += group.steps(names)
+                group, made = None, set()
+            group = group or _Group(launch.device)
+            group.members.append((steps[i], launch))
+            group.nbytes += nbytes
+            made.add(launch.cast[1])  # type: ignore[index]
+            i += 2
+            continue
+        s = steps[i]
+        if group is not None and (_barrier(s) or made.intersection(s.uses)):
+            out += group.steps(names)
+            group, made = None, set()
         out.append(s)
         i += 1
-    result: list[Step] = []
-    for item in out:
-        result += item.steps(names) if isinstance(item, _Group) else [item]
-    return result
+    if group is not None:
+        out += group.steps(names)
+    return out
+
+
+def group_casts(steps: list[Step], names: Names) -> list[Step]:
+    """`steps` with runs of marked casts (Step.cast, each right after its result's
+    allocation) launched together; unchanged where FUSER_CAST_GROUPS=0."""
+    if not config.cast_groups:
+        return steps
+    return _sunk(_hoisted(steps, names), names)

@@ -97,9 +97,10 @@ def inline_region(
 
 
 def _mark_cast(steps: list[Step], plan: Any, n: fx.Node, b: StepBuilder) -> None:
-    """Mark the launch of a region that only casts one whole graph input, seen contiguous
-    and 16-byte aligned, into a fresh contiguous buffer (Step.cast): casts.py may launch
-    it with others. Anything else stays as it is."""
+    """Mark the launch of a region that only casts one whole value, seen contiguous and
+    16-byte aligned, into a fresh contiguous buffer (Step.cast): casts.py may launch it
+    with others, earlier where the value is a graph input (there from the start), later
+    where it is computed. Anything else stays as it is."""
     kernel = plan.kernels.get(plan.segments[0].index)
     if kernel is None or kernel.backend != "triton" or kernel.workspaces or kernel.spec.checks:
         return
@@ -111,7 +112,7 @@ def _mark_cast(steps: list[Step], plan: Any, n: fx.Node, b: StepBuilder) -> None
         return
     source = n.args[plan._input_ids.index(vin)] if vin in plan._input_ids else None
     lay = b.seen.layouts.get(source) if isinstance(source, fx.Node) else None
-    if source is None or source.op != "placeholder" or lay is None or lay.align:
+    if source is None or lay is None or lay.align:
         return
     numel = math.prod(int(d) for d in shape_in)
     shape, stride, dtype, _ = alloc.alloc  # type: ignore[misc]
@@ -123,7 +124,8 @@ def _mark_cast(steps: list[Step], plan: Any, n: fx.Node, b: StepBuilder) -> None
         or lay.dtype != din
     ):
         return
-    launch.cast = (b.local[source], alloc.defines[0], numel, din, dout)
+    where = "input" if source.op == "placeholder" else "value"
+    launch.cast = (b.local[source], alloc.defines[0], numel, din, dout, where)
 
 
 def _seen_contiguous(p: Any, b: StepBuilder) -> bool:

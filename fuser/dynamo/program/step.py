@@ -23,9 +23,10 @@ class Step:
     counts the steps by it.
     view: a view's (function, shape, strides, offset from its base's), which fold.py
     composes.
-    cast: a launch that only casts a whole contiguous graph input into a fresh contiguous
+    cast: a launch that only casts a whole contiguous value into a fresh contiguous
     buffer: (source name, destination name, element count, source dtype, destination
-    dtype), which casts.py may launch together with others.
+    dtype, "input" for a graph input or "value"), which casts.py may launch together
+    with others.
     """
 
     kind: str
