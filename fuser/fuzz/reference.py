@@ -12,7 +12,7 @@ import torch
 from fuser.frontend.registry import ENTRIES
 from fuser.ir.evaluate import constant_ids, eval_node
 from fuser.ir.graph import Graph, Node
-from fuser.ir.ops import COMPARE, COMPOSITE, REDUCE, Op
+from fuser.ir.ops import COMPARE, COMPOSITE, LAYOUT, REDUCE, Op
 
 PERTURB_ULPS = {torch.float32: 16.0, torch.float16: 2.0, torch.bfloat16: 2.0}
 # a comparison's operands and result, by the id of its result (`reference(record=...)`)
@@ -22,7 +22,10 @@ Flips = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
 
 def _perturbable(node: Node) -> bool:
-    return node.op not in (Op.CONST, Op.IOTA, Op.CAST, Op.BROADCAST_IN_DIM)
+    """Ops that compute (and may round): not the ones that only move or copy values."""
+    return (
+        node.op not in (Op.CONST, Op.IOTA, Op.CAST, Op.BROADCAST_IN_DIM) and node.op not in LAYOUT
+    )
 
 
 def _narrowing(node: Node) -> bool:
