@@ -514,7 +514,7 @@ def _between(d: Draft, i: int, ops: tuple[str, ...] = BETWEEN) -> int:
 def _domain_value(d: Draft, dtype: str | None = None) -> int:
     """A float value over the whole domain (a picked one, broadcast out if it is not),
     in `dtype` if given (a cat's pieces share one)."""
-    i = d.pick_float(min_rank=d.rank)
+    i = d.pick_float(min_rank=1)
     if not d.vals[i].shape:
         i = 0  # the first input: a float over the domain
     i = d.to_domain(i)
@@ -522,6 +522,17 @@ def _domain_value(d: Draft, dtype: str | None = None) -> int:
     if dtype is not None and v.dtype != dtype:
         i = d.emit("cast", (Ref(i),), {"dtype": dtype}, [_V(v.shape, v.axes, dtype)])
     return i
+
+
+def _source(d: Draft) -> int:
+    """The value a layout form reads: a picked one broadcast to the domain, or now and
+    then, as a rotary embedding's cos and sin [T, D] over [B, T, D], a new input over
+    the trailing axes, maybe through an op before its broadcast (the op's kernel then
+    reads the input through the index map on its own, and its result is broadcast)."""
+    if d.rank >= 3 and d.draw(st.integers(0, 2)) == 0:
+        i = d.new_input(tuple(range(1, d.rank)), d.draw(st.sampled_from(FLOATS)))
+        return d.to_domain(_between(d, i))
+    return _domain_value(d)
 
 
 def _shift_left(d: Draft, x: int, dim: int, n: int) -> None:
@@ -607,7 +618,7 @@ def _layout(d: Draft) -> None:
     if n < least:
         return _unary(d)
     d.static("last")
-    x = _domain_value(d)
+    x = _source(d)
     fn(d, x, d.draw(st.sampled_from((d.rank - 1, -1))), n)
     return None
 
