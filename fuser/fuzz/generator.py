@@ -7,7 +7,9 @@ is picked again): unary, binary with tensors or Python scalars, comparisons feed
 where(), casts and cast round trips, reductions over the last dim, the leading dims,
 all dims or one odd dim, normalization-like reduce -> broadcast back -> combine, and
 the composites (softmax, layer_norm, rms_norm, var_mean, gelu), each group's ops as the
-frontend op table (fuser/frontend/registry.py) lists them. An operand whose domain the
+frontend op table (fuser/frontend/registry.py) lists them, and slices, pads and cats that
+keep a value's width (a rotary embedding's rotate_half, its backward's pads; the inputs
+of such a case are static along the dims they need). An operand whose domain the
 table restricts (log's, sqrt's, a divisor, pow's) gets abs(x) + c, so a NaN in the
 result always comes from a NaN or inf in the data.
 
