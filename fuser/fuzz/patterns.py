@@ -37,7 +37,7 @@ class _V:
     axes: tuple[int, ...]  # the domain axis each dim maps onto (strictly increasing)
     dtype: str
     is_input: bool = False
-    # its last dim is not the domain's (a slice on its way to a pad or a cat): never
+    # a dim's size is not the domain's (a slice on its way to a pad or a cat): never
     # picked as an operand, only as an output
     off_domain: bool = False
 
