@@ -10,6 +10,8 @@ Longer runs: `python -m fuser.fuzz --seconds 600 --seed N` (see fuser/fuzz/__mai
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import shutil
 from collections import Counter
 
@@ -17,7 +19,7 @@ import pytest
 from fuzz_helpers import DEVICE
 from hypothesis import HealthCheck, Phase, given, settings
 
-from fuser.fuzz.case import FuzzCase, repro
+from fuser.fuzz.case import FuzzCase, build, repro
 from fuser.fuzz.generator import CPU, GPU, fuzz_cases
 from fuser.fuzz.known import known_issue
 from fuser.fuzz.runner import check_case
@@ -75,3 +77,50 @@ def test_random_fusions(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert kinds <= set(seen), f"schedule kinds reached: {dict(seen)}"
     if examples >= 800:  # the CPU's 800 cases; 100 may all fit one kernel
         assert any(fallbacks), "no fusion needed an ATen segment: the generator lost odd dims"
+
+
+# -- the layout pattern -------------------------------------------------------------------
+LAYOUT_OPS = ("slice", "pad", "cat")
+
+
+def _uses_layout(case: FuzzCase) -> bool:
+    return any(s.op in LAYOUT_OPS for s in case.steps)
+
+
+def test_generator_draws_layout_cases() -> None:
+    """Without focus, the generator draws the layout pattern (slices, pads and cats:
+    fuzz/patterns.py `_layout`); with it, most cases hold one, with symbolic row sizes
+    next to a static last dim, and some domains hold k * 1024 elements in rows that do not
+    (where contiguous pointwise kernels run flattened: today's wrong rotary gradient)."""
+    drawn: list[FuzzCase] = []
+
+    @settings(max_examples=150, deadline=None, derandomize=True, database=None)
+    @given(fuzz_cases(CPU) | fuzz_cases(dataclasses.replace(CPU, focus="layout")))
+    def one(case: FuzzCase) -> None:
+        build(case)  # layout ops of a symbolic size would raise here
+        drawn.append(case)
+
+    one()
+    layout = [c for c in drawn if _uses_layout(c)]
+    assert len(layout) >= len(drawn) // 4, f"{len(layout)} of {len(drawn)}"
+    assert any(i.symbolic and i.static_last for c in layout for i in c.inputs)
+    flat = [c.domain for c in drawn if len(c.domain) >= 2 and math.prod(c.domain) % 1024 == 0]
+    assert any(d[-1] % 1024 for d in flat), flat
+
+
+@pytest.mark.nonfinite  # its data holds NaN and inf
+def test_layout_cases_agree_with_eager() -> None:
+    """A few cases drawn with the layout pattern in focus (in a few seconds on the
+    interpreter) agree with eager; most of them slice, pad or cat."""
+    profile = dataclasses.replace(CPU, focus="layout", gemm_pct=0)
+    checked: list[FuzzCase] = []
+
+    @settings(max_examples=12, deadline=None, derandomize=True, database=None)
+    @given(fuzz_cases(profile, ("triton",)))
+    def one(case: FuzzCase) -> None:
+        out = check_case(case, DEVICE)
+        assert out.status == "ok", "\n".join(out.problems) + "\n" + repro(case, device=DEVICE)
+        checked.append(case)
+
+    one()
+    assert sum(map(_uses_layout, checked)) >= len(checked) // 2

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ import torch
 import fuser
 from fuser.config import config
 from fuser.errors import FuserError
-from fuser.fuzz.generator import CPU, GPU
-from fuser.fuzz.runner import Stats, run_batch, run_for
+from fuser.fuzz.generator import CPU, GPU, PATTERNS
+from fuser.fuzz.runner import Stats, profile_for, run_batch, run_for
 from fuser.runtime import cuda_backend
 
 WORKER_BATCHES = 100_000  # batch numbers per worker: worker i starts at i * this
@@ -44,6 +45,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write counts, seeds and failures here")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (default)")
     p.add_argument("--profile", choices=("cpu", "gpu"), help="size limits (default: device's)")
+    p.add_argument(
+        "--focus",
+        choices=PATTERNS[1:],
+        help="draw this pattern (generator.py) as often as all the others together",
+    )
     p.add_argument("--workers", default="auto", help="processes (auto: 8 on a GPU, 1 on CPU)")
     p.add_argument("--backends", default="auto", help="triton,cuda or auto (default)")
     p.add_argument("--batch-size", type=int, help="cases per hypothesis batch")
@@ -99,6 +105,7 @@ def _header(args: argparse.Namespace, device: str) -> dict[str, Any]:
             "triton": triton.__version__,
         },
         "seed": args.seed,
+        "focus": args.focus,
         "backends": list(args.backend_list),
         "budget_seconds": args.seconds,
         "cache_dir": str(config.cache_dir),
@@ -117,6 +124,8 @@ def _write(path: Path | None, report: dict[str, Any]) -> None:
 
 def _single(args: argparse.Namespace, device: str) -> dict[str, Any]:
     profile = {"cpu": CPU, "gpu": GPU}.get(args.profile or "")
+    if args.focus:
+        profile = replace(profile or profile_for(device), focus=args.focus)
     header = _header(args, device)
     batch_size = args.batch_size or (50 if device.startswith("cuda") else 10)
     header["batch_size"] = batch_size
@@ -189,6 +198,8 @@ def _parallel(args: argparse.Namespace, device: str, workers: int, folder: Path)
             cmd += ["--batch-size", str(args.batch_size)]
         if args.profile:
             cmd += ["--profile", args.profile]
+        if args.focus:
+            cmd += ["--focus", args.focus]
         return subprocess.Popen(cmd, env=env)
 
     running = {w: spawn(w, args.seconds) for w in range(workers)}
@@ -279,6 +290,7 @@ def _print(report: dict[str, Any]) -> None:
             f"--device {report['device']} --profile {report['profile']} "
             f"--batch-size {report['batch_size']} "
             f"--backends {','.join(report.get('backends') or ['triton'])}"
+            + (f" --focus {report['focus']}" if report.get("focus") else "")
         )
 
 

@@ -35,9 +35,16 @@ class InputSpec:
     layout: str = "contiguous"
     # sizes left to execute time (-1); size-1 dims are always static, so they broadcast
     symbolic: bool = True
+    # the last dim static even where the others are symbolic: a slice, pad or cat along
+    # it needs its size at compile time (a model's hidden size is; its tokens are not)
+    static_last: bool = False
 
     def define_shape(self) -> list[int]:
-        return [-1 if self.symbolic and s != 1 else s for s in self.shape]
+        last = len(self.shape) - 1
+        return [
+            -1 if self.symbolic and s != 1 and not (self.static_last and i == last) else s
+            for i, s in enumerate(self.shape)
+        ]
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,8 @@ def build(case: FuzzCase, name: str = "fuzz") -> FusionDefinition:
         dims: list[Any] = list(case.domain)  # sizes of the domain, symbolic when known so
 
         def arg(a: Any) -> Any:
+            if isinstance(a, tuple):  # a cat's operands
+                return [arg(x) for x in a]
             return values[a.index] if isinstance(a, Ref) else a
 
         for step in case.steps:

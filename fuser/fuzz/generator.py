@@ -7,7 +7,9 @@ is picked again): unary, binary with tensors or Python scalars, comparisons feed
 where(), casts and cast round trips, reductions over the last dim, the leading dims,
 all dims or one odd dim, normalization-like reduce -> broadcast back -> combine, and
 the composites (softmax, layer_norm, rms_norm, var_mean, gelu), each group's ops as the
-frontend op table (fuser/frontend/registry.py) lists them. An operand whose domain the
+frontend op table (fuser/frontend/registry.py) lists them, and slices, pads and cats that
+keep a value's width (a rotary embedding's rotate_half, its backward's pads; the inputs
+of such a case are static along the dims they need). An operand whose domain the
 table restricts (log's, sqrt's, a divisor, pow's) gets abs(x) + c, so a NaN in the
 result always comes from a NaN or inf in the data.
 
@@ -17,6 +19,7 @@ contiguous cases.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +47,7 @@ PATTERNS = (
     "composite",
     "older",
     "logical",
+    "layout",
 )
 
 
@@ -65,6 +69,12 @@ class Profile:
     # percent of a run's cases that are GEMM + pointwise cases (fuzz/gemm.py) where the
     # run's backends include Triton (the one with a GEMM template)
     gemm_pct: int = 0
+    # percent of domains whose element count is a multiple of 1024 with rows that are not
+    # (16 x 64): where contiguous pointwise kernels run flattened (runtime/specs.py)
+    flat_pct: int = 10
+    # a pattern drawn as often as all the others together (`--focus`), for a campaign
+    # on what it reaches
+    focus: str | None = None
 
 
 CPU = Profile(
@@ -80,8 +90,10 @@ def domains(draw: Any, profile: Profile) -> tuple[int, ...]:
     that do not (a few long ones, with few rows on the interpreter)."""
     rank = draw(st.sampled_from((2, 1, 3)[: max(1, min(3, profile.max_rank))]))
     bucket = draw(st.integers(0, 99))
-    if bucket < 100 - profile.mid_pct - profile.long_pct:
+    if bucket < 100 - profile.mid_pct - profile.long_pct - profile.flat_pct:
         cols = draw(st.sampled_from(SMALL_COLS) | st.integers(1, 300))
+    elif bucket < 100 - profile.mid_pct - profile.long_pct:
+        return draw(flat_domains(profile, rank))
     elif bucket < 100 - profile.long_pct:
         cols = draw(st.sampled_from(MID_COLS))
     else:
@@ -99,6 +111,28 @@ def domains(draw: Any, profile: Profile) -> tuple[int, ...]:
     return (1, rows, cols) if draw(st.booleans()) else (rows, 1, cols)
 
 
+# widths of domains whose element count is a multiple of 1024 (with the rows that make it
+# so): powers of two below it and a few that are not (96 x 32 = 3 x 1024)
+FLAT_COLS = (64, 128, 32, 256, 16, 96, 512, 8, 192, 1024, 48, 2048, 4)
+
+
+@st.composite
+def flat_domains(draw: Any, profile: Profile, rank: int) -> tuple[int, ...]:
+    """A domain of k * 1024 elements (k * 1024 / cols rows) within the profile's sizes:
+    the flattening threshold of contiguous pointwise kernels (runtime/specs.py)."""
+    fits = [c for c in FLAT_COLS if 1024 // math.gcd(c, 1024) <= profile.max_rows]
+    cols = draw(st.sampled_from(fits))
+    if rank == 1:
+        return (cols * (1024 // math.gcd(cols, 1024)),)
+    step = 1024 // math.gcd(cols, 1024)  # rows come in multiples of this
+    most = max(1, min(profile.max_rows, max(profile.max_elems, 1024) // cols) // step)
+    rows = step * draw(st.integers(1, most))
+    if rank == 2:
+        return (rows, cols)
+    lead = draw(st.sampled_from((1, 2, 4, 8)))
+    return (lead, rows // lead, cols) if rows % lead == 0 else (rows, 1, cols)
+
+
 @st.composite
 def fuzz_cases(
     draw: Any, profile: Profile = CPU, backends: tuple[str, ...] = ("triton",)
@@ -108,8 +142,11 @@ def fuzz_cases(
     domain = draw(domains(profile))
     d = Draft(draw, domain)
     d.new_input(d.full(), draw(st.sampled_from(FLOATS)))
+    patterns = PATTERNS
+    if profile.focus is not None:  # as often as the others together
+        patterns = PATTERNS + (profile.focus,) * (len(PATTERNS) - 1)
     for _ in range(draw(st.integers(1, profile.max_ops))):
-        PATTERN_FNS[draw(st.sampled_from(PATTERNS))](d)
+        PATTERN_FNS[draw(st.sampled_from(patterns))](d)
     if all(v.is_input for v in d.vals):
         PATTERN_FNS["unary"](d)
     computed = [i for i, v in enumerate(d.vals) if not v.is_input]

@@ -10,7 +10,7 @@ domain and the sequence of patterns.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -37,6 +37,9 @@ class _V:
     axes: tuple[int, ...]  # the domain axis each dim maps onto (strictly increasing)
     dtype: str
     is_input: bool = False
+    # a dim's size is not the domain's (a slice on its way to a pad or a cat): never
+    # picked as an operand, only as an output
+    off_domain: bool = False
 
     @property
     def is_float(self) -> bool:
@@ -52,6 +55,9 @@ class Draft:
     vals: list[_V] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     inputs: list[InputSpec] = field(default_factory=list)
+    # which sizes every input keeps static: "" (as drawn), "last" or "all" (layout ops
+    # need the size of the dim they work along; `static`)
+    fixed: str = ""
 
     @property
     def rank(self) -> int:
@@ -70,18 +76,30 @@ class Draft:
         """An input over domain `axes` (sizes 1 at the positions in `ones`)."""
         shape = tuple(1 if i in ones else self.domain[a] for i, a in enumerate(axes))
         layout = self.draw(_layouts)
-        symbolic = self.draw(st.booleans())
-        self.inputs.append(InputSpec(shape, dtype, layout, not symbolic))
+        symbolic = not self.draw(st.booleans()) and self.fixed != "all"
+        self.inputs.append(InputSpec(shape, dtype, layout, symbolic, self.fixed == "last"))
         self.steps.append(Step("input", (len(self.inputs) - 1,)))
         self.vals.append(_V(shape, axes, dtype, is_input=True))
         return len(self.vals) - 1
+
+    def static(self, fixed: str) -> None:
+        """Every input, drawn and to come, with static sizes along the last dim ("last")
+        or all dims ("all"): a slice, pad or cat needs the size of its dim at compile
+        time. Done when the layout pattern runs, so a case whose shrunk form drops it
+        gets its symbolic sizes back."""
+        if fixed == "all" or not self.fixed:
+            self.fixed = fixed
+        self.inputs = [
+            replace(s, symbolic=s.symbolic and self.fixed != "all", static_last=True)
+            for s in self.inputs
+        ]
 
     def pick(self, want_float: bool = True, min_rank: int = 0) -> int | None:
         """A value, usually one of the last few (chains), sometimes any (DAGs)."""
         ok = [
             i
             for i, v in enumerate(self.vals)
-            if v.is_float == want_float and len(v.shape) >= min_rank
+            if v.is_float == want_float and len(v.shape) >= min_rank and not v.off_domain
         ]
         if not ok:
             return None
@@ -251,7 +269,7 @@ def _older(d: Draft) -> None:
     a = len(d.vals) - 1
     if not d.vals[a].is_float:
         a = d.pick_float()
-    floats = [i for i, v in enumerate(d.vals) if v.is_float]
+    floats = [i for i, v in enumerate(d.vals) if v.is_float and not v.off_domain]
     b = floats[d.draw(st.integers(0, len(floats) - 1))]
     _binary_on(d, a, b)
 
@@ -437,6 +455,185 @@ def _composite(d: Draft) -> None:
         d.vals.extend(same)
 
 
+# -- layout: slices, pads and cats that map back onto the domain ------------------------
+# simplest first; each keeps the width of the dim it works along, so its result is a
+# value of the domain again (a rotary embedding's rotate_half, its backward's pads)
+LAYOUT_FORMS = (
+    "shift_left",
+    "shift_right",
+    "rotate",
+    "halves",
+    "window",
+    "deinterleave",
+    "stride_pad",
+    "blocks",
+    "leading",
+)
+# an op between a slice and its pad or cat; exp, cos and + c are not 0 at 0, so a kernel
+# that computes a column from the wrong source column shows even where a pad's zeros go
+BETWEEN = ("none", "neg", "exp", "mul", "cos", "add", "sin")
+
+
+def _resized(d: Draft, v: _V, dim: int, size: int) -> _V:
+    shape = list(v.shape)
+    shape[dim % len(shape)] = size
+    return _V(tuple(shape), v.axes, v.dtype, off_domain=tuple(shape) != d.domain)
+
+
+def _slice_of(d: Draft, i: int, dim: int, start: int, stop: int, step: int = 1) -> int:
+    args = (Ref(i), dim, start, stop) + ((step,) if step != 1 else ())
+    out = _resized(d, d.vals[i], dim, len(range(start, stop, step)))
+    return d.emit("slice", args, {}, [out])
+
+
+def _pad_of(d: Draft, i: int, dim: int, lo: int, hi: int) -> int:
+    v = d.vals[i]
+    out = _resized(d, v, dim, lo + v.shape[dim % len(v.shape)] + hi)
+    return d.emit("pad", (Ref(i), dim, lo, hi), {}, [out])
+
+
+def _cat_of(d: Draft, idx: list[int], dim: int) -> int:
+    v = d.vals[idx[0]]
+    size = sum(d.vals[i].shape[dim % len(v.shape)] for i in idx)
+    return d.emit("cat", (tuple(Ref(i) for i in idx), dim), {}, [_resized(d, v, dim, size)])
+
+
+def _between(d: Draft, i: int, ops: tuple[str, ...] = BETWEEN) -> int:
+    """Maybe an elementwise op on a slice before it is padded or joined."""
+    op = d.draw(st.sampled_from(ops))
+    v = d.vals[i]
+    out = [_V(v.shape, v.axes, v.dtype, off_domain=v.off_domain)]
+    if op == "none":
+        return i
+    if op in ("mul", "add"):
+        c = d.draw(st.sampled_from((2.0, -0.5, 3.0) if op == "mul" else (1.0, -0.5)))
+        return d.emit(op, (Ref(i), c), {}, out)
+    return d.emit(op, (Ref(i),), {}, out)
+
+
+def _domain_value(d: Draft, dtype: str | None = None) -> int:
+    """A float value over the whole domain (a picked one, broadcast out if it is not),
+    in `dtype` if given (a cat's pieces share one)."""
+    i = d.pick_float(min_rank=1)
+    if not d.vals[i].shape:
+        i = 0  # the first input: a float over the domain
+    i = d.to_domain(i)
+    v = d.vals[i]
+    if dtype is not None and v.dtype != dtype:
+        i = d.emit("cast", (Ref(i),), {"dtype": dtype}, [_V(v.shape, v.axes, dtype)])
+    return i
+
+
+def _source(d: Draft) -> int:
+    """The value a layout form reads: a picked one broadcast to the domain, or now and
+    then, as a rotary embedding's cos and sin [T, D] over [B, T, D], a new input over
+    the trailing axes, maybe through an op before its broadcast (the op's kernel then
+    reads the input through the index map on its own, and its result is broadcast)."""
+    if d.rank >= 3 and d.draw(st.integers(0, 2)) == 0:
+        i = d.new_input(tuple(range(1, d.rank)), d.draw(st.sampled_from(FLOATS)))
+        return d.to_domain(_between(d, i))
+    return _domain_value(d)
+
+
+def _shift_left(d: Draft, x: int, dim: int, n: int) -> None:
+    k = d.draw(st.integers(1, n - 1))
+    _pad_of(d, _between(d, _slice_of(d, x, dim, k, n)), dim, 0, k)
+
+
+def _shift_right(d: Draft, x: int, dim: int, n: int) -> None:
+    k = d.draw(st.integers(1, n - 1))
+    _pad_of(d, _between(d, _slice_of(d, x, dim, 0, n - k)), dim, k, 0)
+
+
+def _rotate(d: Draft, x: int, dim: int, n: int) -> None:
+    """rotate_half: cat(-x[h:], x[:h]), at the half or anywhere."""
+    h = d.draw(st.just(n // 2) | st.integers(1, n - 1))
+    upper = _between(d, _slice_of(d, x, dim, h, n), ("neg", *BETWEEN))
+    lower = _between(d, _slice_of(d, x, dim, 0, h))
+    _cat_of(d, [upper, lower], dim)
+
+
+def _halves(d: Draft, x: int, dim: int, n: int) -> None:
+    """x's columns up to h, another value's after: a splice of two values."""
+    h = d.draw(st.integers(1, n - 1))
+    y = x if d.draw(st.booleans()) else _domain_value(d, d.vals[x].dtype)
+    first = _between(d, _slice_of(d, x, dim, 0, h))
+    _cat_of(d, [first, _between(d, _slice_of(d, y, dim, h, n))], dim)
+
+
+def _window(d: Draft, x: int, dim: int, n: int) -> None:
+    """Any run of columns, moved anywhere, zeros around it."""
+    w = d.draw(st.integers(1, n - 1))
+    start = d.draw(st.integers(0, n - w))
+    lo = d.draw(st.integers(0, n - w))
+    _pad_of(d, _between(d, _slice_of(d, x, dim, start, start + w)), dim, lo, n - w - lo)
+
+
+def _deinterleave(d: Draft, x: int, dim: int, n: int) -> None:
+    """The even columns, then the odd ones (or the other way round): step-2 slices."""
+    pieces = [_between(d, _slice_of(d, x, dim, s, n, 2)) for s in (0, 1)]
+    if d.draw(st.booleans()):
+        pieces.reverse()
+    _cat_of(d, pieces, dim)
+
+
+def _stride_pad(d: Draft, x: int, dim: int, n: int) -> None:
+    """Every second or third column, padded back to the width."""
+    start = d.draw(st.integers(0, 1))
+    step = d.draw(st.sampled_from((2, 3)))
+    w = len(range(start, n, step))
+    lo = d.draw(st.integers(0, n - w))
+    _pad_of(d, _between(d, _slice_of(d, x, dim, start, n, step)), dim, lo, n - w - lo)
+
+
+def _blocks(d: Draft, x: int, dim: int, n: int) -> None:
+    """Three runs of columns in another order."""
+    a = d.draw(st.integers(1, n - 2))
+    b = d.draw(st.integers(a + 1, n - 1))
+    order = d.draw(st.permutations([(0, a), (a, b), (b, n)]))
+    _cat_of(d, [_between(d, _slice_of(d, x, dim, lo, hi)) for lo, hi in order], dim)
+
+
+LAST_DIM = {
+    "shift_left": (2, _shift_left),
+    "shift_right": (2, _shift_right),
+    "rotate": (2, _rotate),
+    "halves": (2, _halves),
+    "window": (2, _window),
+    "deinterleave": (2, _deinterleave),
+    "stride_pad": (2, _stride_pad),
+    "blocks": (3, _blocks),
+}
+
+
+def _layout(d: Draft) -> None:
+    """Slices, pads and cats that keep a value's width: along the last dim (the kernels
+    read them through index maps, fuser/passes/views.py), or now and then along a
+    leading one (left to ATen). Inputs become static along the dims these ops need."""
+    form = d.draw(st.sampled_from(LAYOUT_FORMS))
+    if form == "leading":
+        return _layout_leading(d)
+    least, fn = LAST_DIM[form]
+    n = d.domain[-1]
+    if n < least:
+        return _unary(d)
+    d.static("last")
+    x = _source(d)
+    fn(d, x, d.draw(st.sampled_from((d.rank - 1, -1))), n)
+    return None
+
+
+def _layout_leading(d: Draft) -> None:
+    dims = [k for k in range(d.rank - 1) if d.domain[k] >= 2]
+    if not dims:
+        return _unary(d)
+    d.static("all")
+    dim = d.draw(st.sampled_from(dims))
+    fn = d.draw(st.sampled_from((_shift_left, _shift_right, _rotate)))
+    fn(d, _domain_value(d), dim, d.domain[dim])
+    return None
+
+
 PATTERN_FNS = {
     "skip": lambda d: None,
     "unary": _unary,
@@ -451,4 +648,5 @@ PATTERN_FNS = {
     "logical": _logical,
     "cast": _cast,
     "composite": _composite,
+    "layout": _layout,
 }

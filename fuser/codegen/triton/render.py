@@ -320,7 +320,13 @@ class TritonKernelWriter:
     def broadcast(self, node: Node, chunk: Chunk | None) -> None:
         # tiles broadcast by shape ([R,1] with [R,C]); only name the alias
         src, out = node.inputs[0], node.out
-        self.w.line(f"{self.name(out, chunk)} = {self.name(src, chunk)}")
+        value = self.name(src, chunk)
+        if src.id in self.consts and src.dtype not in (DType.float32, DType.bool):
+            # a constant's literal is a float32 (or int32) Python number, not a tile of
+            # its dtype: what reads the alias as a bfloat16 or float16 tile (bf16_wide,
+            # .to) needs one. A slice of nothing but a pad's zeros is such a broadcast
+            value = f"tl.full((1, 1), {value}, {TL_DTYPE[src.dtype]})"
+        self.w.line(f"{self.name(out, chunk)} = {value}")
 
     def view(self, node: Node, chunk: Chunk | None) -> None:
         """A read of a kernel input at mapped columns: scale * cols + offset, masked
