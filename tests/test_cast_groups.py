@@ -171,3 +171,40 @@ def test_casts_of_computed_values_sink_to_their_first_reader(monkeypatch) -> Non
     for s in out:
         assert all(u in made or u == "q" for u in s.uses if u.startswith(("p", "q"))), s
         made.update(s.defines)
+
+
+def test_a_grouped_cast_reads_its_view_as_a_tensor(monkeypatch) -> None:
+    """A view only launches read becomes a pointer (program/pointers.py) and its tensor
+    is never made. A cast group reads its tensors by name, so the program's passes group
+    first and the views a group reads stay tensors (on a GPU, grouping after the pointer
+    pass once left the backward reading a view that no longer existed)."""
+    from types import SimpleNamespace
+
+    from fuser.dynamo.program import rewrite
+
+    monkeypatch.setattr(config, "cast_groups", True)
+    steps: list[Step] = []
+    for i in range(3):
+        steps.append(Step("call", (f"m{i}",), (), f"m{i} = mm()", op="aten.mm"))
+        view = (None, (10,), (1,), 0)
+        code = f"t{i} = reinterpret(m{i}, (10,), (1,), 0)"
+        steps.append(Step("view", (f"t{i}",), (f"m{i}",), code, (f"m{i}",), view=view))
+        alloc = ((10,), (1,), torch.float32, "cuda:0")
+        steps.append(Step("alloc", (f"c{i}",), (), alloc=alloc))
+        cast = (f"t{i}", f"c{i}", 10, torch.bfloat16, torch.float32, "value")
+        code = f"k{i}(t{i}.data_ptr(), c{i}.data_ptr())"
+        steps.append(Step("launch", (), (f"t{i}", f"c{i}"), code, device="cuda:0", cast=cast))
+    b = SimpleNamespace(
+        names=Names(set()),
+        inputs=[],
+        result_uses=["c0", "c1", "c2"],
+        clones={},
+        itemsize={f"t{i}": 2 for i in range(3)},
+    )
+    out = rewrite(steps, b)
+    (group,) = [s for s in out if s.op == "cast group"]
+    defined: set[str] = set()
+    for s in out:
+        assert set(s.uses) <= defined, (s, defined)
+        defined.update(s.defines)
+    assert all(f"t{i}" in group.code for i in range(3))

@@ -92,10 +92,7 @@ class CallProgram:
     def _build(self, seen: Any) -> None:
         try:
             b = StepBuilder(self.gm, seen)
-            steps = elide_clones(b.build(), b.inputs, b.result_uses, b.clones)
-            steps = fold_views(steps, b.result_uses)
-            steps = pointer_views(steps, b.result_uses, b.itemsize)
-            steps = group_casts(steps, b.names)
+            steps = rewrite(b.build(), b)
             memory = plan_memory(steps, b.inputs, b.result_uses, reuse=REUSE)
             layouts = _input_layouts(b, seen)
             emitted = emit_program(
@@ -136,6 +133,18 @@ class CallProgram:
             f"{self.memory.frees} frees, {len(self.memory.reuse)} buffers reused; "
             f"{self.calls} calls ({self.declined} handed to the old path)"
         )
+
+
+def rewrite(steps: list[Step], b: Any) -> list[Step]:
+    """The passes over a program's steps, in order. Casts are grouped first (casts.py):
+    a group's launch reads its tensors by name, so the later passes rename them in its
+    code as in any other step's (a clone elided, views folded), and a view it reads stays
+    a tensor rather than a pointer. `b`: the StepBuilder (or what has its names, inputs,
+    result_uses, clones and itemsize)."""
+    steps = group_casts(steps, b.names)
+    steps = elide_clones(steps, b.inputs, b.result_uses, b.clones)
+    steps = fold_views(steps, b.result_uses)
+    return pointer_views(steps, b.result_uses, b.itemsize)
 
 
 def _input_layouts(b: StepBuilder, seen: Any) -> dict[str, Any]:
