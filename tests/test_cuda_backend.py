@@ -335,7 +335,9 @@ def test_emulated_kernels_match_reference(emulated, case):
 
 def test_emulator_catches_a_misaligned_pack(emulated):
     """The emulator checks what a GPU would fault on: a plan made for an aligned input
-    (16-byte packs), run on a view that starts one element into its storage."""
+    (16-byte packs), run on a view that starts one element into its storage. The error
+    names the first bad access: its width, argument, element and the pointer's actual and
+    planned alignment (what tells a planner's mistake from a renderer's)."""
     from test_cuda_cases import misaligned
 
     from fuser.runtime.cuda_emulator import emulate
@@ -345,8 +347,11 @@ def test_emulator_catches_a_misaligned_pack(emulated):
     assert k.schedule.vector == 8 and "load_pack<8>" in k.source
     out = torch.empty(4, 64, dtype=F16)
     emulate(k, [torch.randn(4, 64).to(F16), out])  # aligned: fine
-    with pytest.raises(FuserError, match="misaligned"):
-        emulate(k, [misaligned(4, 64, F16, "cpu"), out])
+    x = misaligned(4, 64, F16, "cpu")
+    name = k.spec.args[0].name
+    bad = rf"a 16-byte pack of {name} at element \d+ \(pointer aligned to 2 bytes, planned 16\)"
+    with pytest.raises(FuserError, match=f"misaligned packed accesses.*first: {bad}"):
+        emulate(k, [x, out])
 
 
 @pytest.mark.parametrize("hidden", [768, 5140])

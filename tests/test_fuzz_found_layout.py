@@ -14,7 +14,9 @@ from fuzz_helpers import BF16, DEVICE, F16, F32, define, randn
 from fuser import FusionDefinition
 from fuser.fuzz.case import FuzzCase, InputSpec, Ref, Step, repro
 from fuser.fuzz.runner import check_case
+from fuser.ir.evaluate import evaluate
 from fuser.runtime import cuda_backend
+from fuser.runtime.specs import planned_alignment
 
 DTYPES = [F32, F16, BF16]
 IDS = ["f32", "f16", "bf16"]
@@ -99,3 +101,56 @@ def test_index_maps_at_1024_elements_keep_their_layout(
     case = dataclasses.replace(case, backend=backend)
     out = check_case(case, DEVICE)
     assert out.status == "ok", "\n".join(out.problems) + "\n" + repro(case, device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "cols", "start"),
+    [(F16, 171, 1), (BF16, 37, 2), (F32, 45, 1), (F16, 100, 3)],
+    ids=["f16_171_row1", "bf16_37_row2", "f32_45_row1", "f16_100_row3"],
+)
+def test_a_row_a_kernel_reads_from_a_row_slice_is_aligned(
+    backend: str, dtype: torch.dtype, cols: int, start: int
+) -> None:
+    """A slice along dim 0 is ATen's (a kernel indexes only the last dim); of a contiguous
+    tensor it was a view `start` rows in, `start * cols` elements past an aligned pointer
+    (row 1 of [2, 171] fp16: 342 bytes, 2-byte aligned), while the planner takes an ATen
+    result to be fresh 16-byte aligned storage. The kernel reading the one row ran 16-byte
+    packs: CUDA_ERROR_MISALIGNED_ADDRESS on an H200 (the emulator counts those). Cols
+    whose rows are not 16 bytes apart, a row in the middle; a kernel makes the rows."""
+    rows = start + 2
+
+    def build_fn(fd: FusionDefinition) -> None:
+        x = fd.define_tensor([rows, cols], dtype)
+        y = fd.ops.abs(x)  # a kernel makes [rows, cols]; ATen slices it
+        tail = fd.ops.slice(y, dim=0, start=start, stop=start + 1, step=1)
+        fd.add_output(fd.ops.exp(fd.ops.neg(tail)))
+        fd.add_output(y)
+
+    x = randn(rows, cols, dtype=dtype, seed=cols + start)
+    out, y = define(build_fn).execute([x], backend=backend)
+    torch.testing.assert_close(y, x.abs(), atol=0, rtol=0)
+    ref = x.abs()[start : start + 1].float().neg().exp().to(dtype)
+    torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dim", "start", "stop"),
+    [((2, 171), 0, 1, 2), ((3, 5, 7), 1, 2, 4), ((4, 9), -1, 3, 9), ((5, 3), 0, 1, 4)],
+)
+def test_an_aten_slice_is_storage_of_its_own(
+    shape: tuple[int, ...], dim: int, start: int, stop: int
+) -> None:
+    """What build_specs plans an ATen result a kernel reads to be: fresh storage, dense and
+    16-byte aligned. A slice that is contiguous (leading rows, inner blocks) was a view into
+    its input, as aligned as its offset (an odd number of fp16 elements: 2 bytes)."""
+    x = randn(*shape, dtype=F16, seed=len(shape) + start)
+
+    def build_fn(fd: FusionDefinition) -> None:
+        t = fd.define_tensor(list(shape), F16)
+        fd.add_output(fd.ops.slice(t, dim=dim, start=start, stop=stop, step=1))
+
+    (out,) = evaluate(define(build_fn).graph, [x])
+    want = x.narrow(dim, start, stop - start)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    assert out.is_contiguous() and planned_alignment(out) == 16
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()

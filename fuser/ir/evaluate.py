@@ -173,11 +173,16 @@ def eval_node(
 
 
 def _layout(node: Node, args: list[T]) -> T:
-    """A slice, pad, cat or view with ATen (dense results, as for broadcasts)."""
+    """A slice, pad, cat or view with ATen: dense results in storage of their own, as for
+    broadcasts."""
     op, d = node.op, node.attr("dim") % max(node.out.rank, 1)
     if op == Op.SLICE:
         idx = [slice(None)] * d + [slice(node.attr("start"), node.attr("stop"), node.attr("step"))]
-        return args[0][tuple(idx)].contiguous()
+        # a copy, never .contiguous(): a contiguous slice (rows 1: of [2, 171]) is a view
+        # at an offset, its pointer only as aligned as that offset (342 bytes: 2), but the
+        # planner takes an ATen result a kernel reads to be fresh storage, 16-byte aligned
+        # (runtime/specs.py build_specs), and the CUDA kernel's packed accesses faulted
+        return args[0][tuple(idx)].clone(memory_format=torch.contiguous_format)
     if op == Op.CAT:
         return torch.cat(args, dim=d)
     x = args[0]

@@ -25,6 +25,7 @@ from typing import Any
 from fuser.codegen.cuda.templates import HELPERS, MEMORY, acc_type
 from fuser.errors import CompileError, FuserError
 from fuser.runtime.cache import atomic_write, digest
+from fuser.runtime.specs import planned_alignment
 
 SHIM = r"""
 #include <atomic>
@@ -114,13 +115,19 @@ inline bf16 to_bf16(float f) {
 }
 inline float round_bf16(float f) { return to_float(to_bf16(f)); }
 
-// a GPU faults on a misaligned vector access; the host would not, so count them here
+// a GPU faults on a misaligned vector access; the host would not, so count them here,
+// and keep the first one's address and width for the error to name its argument
 static std::atomic<int> g_misaligned{0};
+static std::atomic<uintptr_t> g_bad_address{0};
+static std::atomic<size_t> g_bad_bytes{0};
 static inline bool aligned(const void* p, size_t bytes) {
-    if (reinterpret_cast<uintptr_t>(p) % bytes == 0) return true;
-    g_misaligned++;
+    uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    if (at % bytes == 0) return true;
+    if (g_misaligned++ == 0) { g_bad_address = at; g_bad_bytes = bytes; }
     return false;
 }
+extern "C" unsigned long long fuser_bad_address() { return g_bad_address; }
+extern "C" unsigned long long fuser_bad_bytes() { return g_bad_bytes; }
 template <int BYTES> struct Word;
 template <> struct Word<16> { typedef uint4 type; };
 template <> struct Word<8> { typedef uint2 type; };
@@ -139,6 +146,8 @@ RUNNER = r"""
 extern "C" int fuser_emulate_{name}(void** args, unsigned gx, unsigned gy, unsigned gz,
                                      int threads) {{
     g_misaligned = 0;
+    g_bad_address = 0;
+    g_bad_bytes = 0;
     for (unsigned bz = 0; bz < gz; ++bz)
         for (unsigned by = 0; by < gy; ++by)
             for (unsigned bx = 0; bx < gx; ++bx) {{
@@ -226,10 +235,32 @@ def emulate(kernel: Any, tensors: list[Any], checks: list[Any] = ()) -> None:
         fin = kernel.plan
         fin_grid = (*fin.finalize_grid, 1, 1)[:3]
         launches.append((kernel.name + "_finalize", fin_grid, fin.finalize_threads))
+    named = list(zip(spec.args, tensors)) + [(None, t) for t in [*work, *checks]]
     for name, g, threads in launches:
         bad = getattr(lib, f"fuser_emulate_{name}")(args, *map(ctypes.c_uint, g), threads)
         if bad:
             raise FuserError(
                 f"emulated kernel {name} made {bad} misaligned packed accesses "
-                "(a GPU would fault: 'misaligned address')"
+                f"(a GPU would fault: 'misaligned address'); the first: {_bad_access(lib, named)}"
             )
+
+
+def _bad_access(lib: ctypes.CDLL, named: list[tuple[Any, Any]]) -> str:
+    """The first misaligned access of the last emulated launch in words: its width, the
+    argument it fell in, the element offset and the pointer's actual and planned alignment
+    (a pointer less aligned than planned is the planner's mistake; one as planned leaves
+    the width the renderer chose for the access)."""
+    lib.fuser_bad_address.restype = ctypes.c_ulonglong
+    lib.fuser_bad_bytes.restype = ctypes.c_ulonglong
+    address, width = lib.fuser_bad_address(), lib.fuser_bad_bytes()
+    for arg, t in named:
+        start = t.data_ptr()
+        if start <= address < start + t.numel() * t.element_size():
+            which = arg.name if arg is not None else "a workspace"
+            offset = (address - start) // t.element_size()
+            planned = f", planned {arg.align}" if arg is not None else ""
+            return (
+                f"a {width}-byte pack of {which} at element {offset} "
+                f"(pointer aligned to {planned_alignment(t)} bytes{planned})"
+            )
+    return f"a {width}-byte pack at address {address:#x}, in no argument"
