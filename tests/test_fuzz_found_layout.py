@@ -154,3 +154,30 @@ def test_an_aten_slice_is_storage_of_its_own(
     torch.testing.assert_close(out, want, atol=0, rtol=0)
     assert out.is_contiguous() and planned_alignment(out) == 16
     assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_aten_casts_and_broadcasts_are_storage_of_their_own() -> None:
+    """A cast to its own dtype and a broadcast that broadcasts nothing are, with ATen,
+    their input itself (or a view of it). An ATen segment's result a kernel reads is
+    planned as fresh, dense, 16-byte aligned storage, so eval_node copies both: else a
+    misaligned input would reach a kernel's packed accesses as the row slice did."""
+    import torch
+
+    from fuser import FusionDefinition
+    from fuser.ir.evaluate import eval_node
+
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(1 + 3 * 37, generator=g).half()
+    x = base[1:].view(3, 37)  # contiguous, its pointer 2 bytes off 16
+    with FusionDefinition("noop_layouts") as fd:
+        t = fd.define_tensor([3, 37], torch.float16)
+        same = fd.ops.cast(t, torch.float16)
+        wide = fd.ops.broadcast_in_dim(t, shape=[3, 37], broadcast_dims=[0, 1])
+        fd.add_output(fd.ops.add(same, wide))
+    nodes = [n for n in fd.graph.nodes if n.op.value in ("cast", "broadcast_in_dim")]
+    assert len(nodes) == 2, [n.op for n in fd.graph.nodes]
+    for node in nodes:
+        (out,) = eval_node(node, [x], x.device)
+        torch.testing.assert_close(out, x, atol=0, rtol=0)
+        assert out.is_contiguous() and out.data_ptr() % 16 == 0
+        assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()

@@ -155,13 +155,18 @@ def eval_node(
     if op == Op.WHERE:
         return [torch.where(*args)]
     if op == Op.CAST:
-        return [args[0].to(node.attr("dtype").torch)]
+        # copy=True: a cast to its own dtype would return the input itself, whose pointer
+        # and strides are not the fresh, 16-byte aligned storage the planner takes an
+        # ATen result a kernel reads to be (runtime/specs.py build_specs)
+        return [args[0].to(node.attr("dtype").torch, copy=True)]
     if op == Op.BROADCAST_IN_DIM:
         x, shape = args[0], [int(s) for s in node.attr("shape")]
         view = [1] * len(shape)
         for i, d in enumerate(node.attr("broadcast_dims")):
             view[d] = x.shape[i]
-        return [x.reshape(view).expand(shape).contiguous()]  # dense, as for iota
+        # dense storage of its own, as for iota: .contiguous() would return a view of x
+        # where nothing is broadcast (x's pointer, not a fresh one; see the cast above)
+        return [x.reshape(view).expand(shape).clone(memory_format=torch.contiguous_format)]
     if op in (Op.SUM, Op.MAX, Op.MIN, Op.MEAN):
         return [_reduce(node, args[0])]
     if op in LAYOUT:
