@@ -27,8 +27,9 @@ from fuser.suite.run import IMPLS, Result, judge, train
 def table(results: list[Result]) -> str:
     rows = [
         "| model | impl | params M | pass | max loss diff | max grad err | ms/step | "
-        "vs eager | peak GiB | fused/unfused ops | GPU busy ms | coverage (GPU time) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "vs eager | peak GiB | graphs / breaks | fused/unfused ops | GPU busy ms | "
+        "coverage (GPU time) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = {r.model: r for r in results if r.impl == "eager"}
     speedups: dict[str, list[float]] = {}
@@ -39,20 +40,25 @@ def table(results: list[Result]) -> str:
             speedups.setdefault(r.impl, []).append(speed)
         ops = f"{r.fused_ops}/{r.unfused_ops}" if r.impl == "fuser" and not r.error else ""
         state = "FAIL (error)" if r.error else ("pass" if r.ok else "FAIL (parity)")
+        graphs = f"{r.graphs} / {r.graph_breaks}" if r.impl != "eager" and not r.error else ""
         timed = [v for k, v in r.gpu_ms.items() if k != "idle" and v is not None]
         busy = sum(timed) if timed else None
         gpu = f"{busy:.1f} | {r.gpu_coverage:.0%}" if busy is not None else " | "
         rows.append(
             f"| {r.model} | {r.impl} | {r.params_m:.1f} | {state} | {r.max_loss_diff:.2e} | "
             f"{r.max_grad_err:.2e} | {r.ms_per_step:.1f} | {speed:.2f}x | "
-            f"{r.peak_mem_gib:.2f} | {ops} | {gpu} |"
+            f"{r.peak_mem_gib:.2f} | {graphs} | {ops} | {gpu} |"
         )
     rows.append("")
     for impl, s in speedups.items():
         geo = math.exp(sum(math.log(v) for v in s) / len(s))
         passed = sum(r.ok for r in results if r.impl == impl)
         total = sum(r.impl == impl for r in results)
-        rows.append(f"- {impl}: {passed}/{total} pass, speedup over eager (geomean) {geo:.2f}x")
+        line = f"- {impl}: {passed}/{total} pass, speedup over eager (geomean) {geo:.2f}x"
+        if impl != "eager":
+            breaks = sum(r.graph_breaks for r in results if r.impl == impl)
+            line += f", {breaks} graph breaks in all"
+        rows.append(line)
     return "\n".join(rows)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 from fuser.dynamo import FuserBackend
 from fuser.suite.models import batch, build
@@ -62,7 +63,8 @@ class Result:
     ms_per_step: float = float("nan")
     peak_mem_gib: float = float("nan")
     first_step_s: float = float("nan")
-    graphs: int = 0
+    graphs: int = 0  # graphs Dynamo compiled (any implementation but eager)
+    graph_breaks: int = 0  # and the graph breaks it reported: a backend causes none
     max_loss_diff: float = 0.0
     max_grad_err: float = 0.0
     grad_err_param: str = ""
@@ -127,16 +129,17 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def compiled(model: torch.nn.Module, impl: str) -> tuple[torch.nn.Module, object | None]:
-    """`model` as `impl` runs it ("eager", "inductor" or "fuser") and, for fuser, the
+    """`model` as `impl` runs it ("eager", "inductor", "fuser", or "aot_eager": Dynamo's
+    and AOTAutograd's graphs run by ATen) and, for fuser, the
     FuserBackend whose captures explain and coverage read."""
     if impl == "eager":
         return model, None
-    if impl == "inductor":
-        return torch.compile(model, backend="inductor"), None
+    if impl in ("inductor", "aot_eager"):  # aot_eager: Dynamo's graphs, no kernels
+        return torch.compile(model, backend=impl), None
     if impl == "fuser":
         backend = FuserBackend()
         return torch.compile(model, backend=backend), backend
-    raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")
+    raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS} or aot_eager")
 
 
 def profiled(step: Callable[[], object], res: Result, out: Path) -> None:
@@ -171,6 +174,7 @@ def train(
     more step is profiled after the timed ones (`profiled`)."""
     res = Result(name, size, impl, device)
     torch._dynamo.reset()
+    counters.clear()  # Dynamo's: graphs and graph breaks of this run only
     gc.collect()
     cuda = device.startswith("cuda")
     if cuda:
@@ -203,8 +207,10 @@ def train(
         res.ms_per_step = statistics.median(times[warmup:] or times[-1:])
         if cuda:
             res.peak_mem_gib = torch.cuda.max_memory_allocated() / 2**30
+        if impl != "eager":
+            res.graphs = counters["stats"]["unique_graphs"]
+            res.graph_breaks = sum(counters["graph_break"].values())
         if backend is not None:
-            res.graphs = len(backend.captures)
             coverage(backend, res)
         if profile_to is not None and cuda:
             kwargs = batch(name, size, model, device, seed=1 + steps)
