@@ -55,13 +55,23 @@ class _Group:
         g = names.bind(group, "cast_group")
         tensors = [name for c in casts for name in c[:2]]  # type: ignore[index]
         code = f"{g}.launch([{', '.join(tensors)}])  # {len(casts)} casts, one launch"
-        launch = Step("launch", (), tuple(tensors), code, device=self.device, op="cast group")
+        # launched directly on the device's current stream where its casts were (a GPU
+        # kernel's compiled launcher): the program keeps the per-call checks of such
+        # launches (emit.py: a backward's input on another device goes the old way)
+        direct = any(launch.on_stream for _, launch in self.members)
+        launch = Step(
+            "launch", (), tuple(tensors), code, on_stream=direct, device=self.device,
+            op="cast group",
+        )  # fmt: skip
         return [alloc for alloc, _ in self.members] + [launch]
 
 
-def _result_bytes(launch: Step) -> int:
-    _, _, numel, _, dst, _ = launch.cast  # type: ignore[misc]
-    return numel * dst.itemsize
+def _moved_bytes(launch: Step) -> int:
+    """The memory a cast moved by the grouping keeps longer: a hoisted cast's result
+    (made early), a sunk cast's source (held late; float32 gradients' sources are
+    bfloat16, but a float32 value cast to bfloat16 holds twice its result's bytes)."""
+    _, _, numel, src, dst, where = launch.cast  # type: ignore[misc]
+    return numel * (dst.itemsize if where == "input" else src.itemsize)
 
 
 def _in_place(op: str) -> bool:
@@ -92,7 +102,7 @@ def _hoisted(steps: list[Step], names: Names) -> list[Step]:
     while i < len(steps):
         launch = _pair(steps, i, "input")
         if launch is not None:
-            nbytes = _result_bytes(launch)
+            nbytes = _moved_bytes(launch)
             if group is None or not group.takes(launch, nbytes):
                 group = _Group(launch.device)
                 out.append(group)
@@ -117,8 +127,11 @@ def _sunk(steps: list[Step], names: Names) -> list[Step]:
     while i < len(steps):
         launch = _pair(steps, i, "value")
         if launch is not None:
-            nbytes = _result_bytes(launch)
-            if group is not None and not group.takes(launch, nbytes):
+            nbytes = _moved_bytes(launch)
+            # a cast of a result still waiting in the group reads what the group writes
+            # (no order between one grid's programs): the group goes first
+            waits = launch.cast[0] in made  # type: ignore[index]
+            if group is not None and (waits or not group.takes(launch, nbytes)):
                 out += group.steps(names)
                 group, made = None, set()
             group = group or _Group(launch.device)
