@@ -133,6 +133,20 @@ def test_sunk_casts_count_the_sources_they_hold() -> None:
     assert len(launches) == 2, [s.code for s in launches]
 
 
+def test_a_cast_too_large_for_any_group_is_not_sunk() -> None:
+    """A cast of a computed value whose source alone is over MAX_BYTES (logits cast to
+    bfloat16) joins no group, so sinking it would only hold its source across the steps
+    before its reader (a 2 GiB float32 source beside whatever they allocate): it stays
+    where it is."""
+    numel = casts.MAX_BYTES // 4 * 2  # float32 source of twice MAX_BYTES
+    mm = Step("call", ("m",), (), "m = mm()", op="aten.mm")
+    other = Step("call", ("o",), (), "o = mm()", op="aten.mm")
+    reader = Step("call", ("r",), ("c",), "r = c + 1", op="aten.add")
+    steps = [mm, *_value_cast("m", "c", numel), other, reader]
+    out = casts.group_casts(steps, Names(set()))
+    assert out == steps, [s.code or s.defines for s in out]
+
+
 def test_a_grouped_backward_still_checks_its_inputs_devices(monkeypatch) -> None:
     """A backward's inputs have no Dynamo guard and its launches pass pointers, so its
     program sends an input on another device the old way (emit.py). Grouping the casts

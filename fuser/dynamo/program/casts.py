@@ -13,7 +13,9 @@ gathered and launched as one CastGroup (fuser/runtime/cast_group.py):
 
 Limits keep it safe and cheap:
 - at most MAX_TENSORS casts a launch;
-- at most MAX_BYTES of their results made early, or of their sources held late;
+- at most MAX_BYTES of their results made early, or of their sources held late (a cast
+  over it alone is not moved);
+- a cast of a result its group has not written yet waits for the next launch;
 - no group spans an in-place call (it could change a source between the group's place
   and the cast's own) or a region called as a module;
 - one device a group.
@@ -134,6 +136,10 @@ def _sunk(steps: list[Step], names: Names) -> list[Step]:
             if group is not None and (waits or not group.takes(launch, nbytes)):
                 out += group.steps(names)
                 group, made = None, set()
+            if nbytes > MAX_BYTES:  # no group takes it: not held late for nothing
+                out += steps[i : i + 2]
+                i += 2
+                continue
             group = group or _Group(launch.device)
             group.members.append((steps[i], launch))
             group.nbytes += nbytes
