@@ -171,3 +171,19 @@ def test_a_grouped_backward_still_checks_its_inputs_devices(monkeypatch) -> None
         lambda args: None, {"p0": (1,), "p1": (1,)}, None,
     )  # fmt: skip
     assert "p0.get_device() != 0" in emitted.source, emitted.source
+
+
+def test_casts_on_the_cuda_backend_are_not_grouped(backend: str) -> None:
+    """A CUDA C++ kernel's cast is launched by its own driver launcher: only Triton's
+    casts are grouped (regions.py _mark_cast); on either backend the results are eager's
+    (on a machine without a GPU the CUDA kernels run in the g++ emulator)."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(4, 6, generator=g), torch.randn(6, 3, generator=g)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.mm(a.to(torch.bfloat16), b.to(torch.bfloat16))
+
+    compiled, got = _compiled_twice(fn, a, b)
+    assert torch.equal(got, fn(a, b))
+    program = compiled.captures[0].graphs[0].program
+    assert ("casts, one launch" in program.source) == (backend == "triton"), program.source
