@@ -40,12 +40,22 @@ _TL = {
 CASTABLE = frozenset(_TL)
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def _convert(x: str, src: torch.dtype, dst: torch.dtype, interpreted: bool) -> str:
     """`x` (of `src`) as `dst`. Triton's interpreter truncates to bfloat16 and flushes
     bf16 subnormals when it widens, where a GPU and torch round to nearest even: there
-    the bf16_rne / bf16_wide helpers convert (as the generated kernels do)."""
+    the bf16_rne / bf16_wide helpers convert (as the generated kernels do). float64 goes
+    to a 16-bit float through float32, as torch (c10 converts a double to float first)
+    and the single cast's kernel (codegen/triton/render.py) do: straight, numpy (the
+    interpreter) and a GPU round once, and 1 + 2**-11 + 2**-40 became float16
+    1.0009765625 instead of torch's 1.0."""
     if src == dst:
         return x
+    if dst in _HALF and src not in (torch.float32, dst):
+        return _convert(_convert(x, src, torch.float32, interpreted), torch.float32, dst,
+                        interpreted)  # fmt: skip
     if interpreted and dst == torch.bfloat16:
         return f"bf16_rne({x})"
     if interpreted and src == torch.bfloat16:

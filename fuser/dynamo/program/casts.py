@@ -13,7 +13,9 @@ gathered and launched as one CastGroup (fuser/runtime/cast_group.py):
 
 Limits keep it safe and cheap:
 - at most MAX_TENSORS casts a launch;
-- at most MAX_BYTES of their results made early, or of their sources held late;
+- at most MAX_BYTES of their results made early, or of their sources held late (a cast
+  over it alone is not moved);
+- a cast of a result its group has not written yet waits for the next launch;
 - no group spans an in-place call (it could change a source between the group's place
   and the cast's own) or a region called as a module;
 - one device a group.
@@ -55,13 +57,23 @@ class _Group:
         g = names.bind(group, "cast_group")
         tensors = [name for c in casts for name in c[:2]]  # type: ignore[index]
         code = f"{g}.launch([{', '.join(tensors)}])  # {len(casts)} casts, one launch"
-        launch = Step("launch", (), tuple(tensors), code, device=self.device, op="cast group")
+        # launched directly on the device's current stream where its casts were (a GPU
+        # kernel's compiled launcher): the program keeps the per-call checks of such
+        # launches (emit.py: a backward's input on another device goes the old way)
+        direct = any(launch.on_stream for _, launch in self.members)
+        launch = Step(
+            "launch", (), tuple(tensors), code, on_stream=direct, device=self.device,
+            op="cast group",
+        )  # fmt: skip
         return [alloc for alloc, _ in self.members] + [launch]
 
 
-def _result_bytes(launch: Step) -> int:
-    _, _, numel, _, dst, _ = launch.cast  # type: ignore[misc]
-    return numel * dst.itemsize
+def _moved_bytes(launch: Step) -> int:
+    """The memory a cast moved by the grouping keeps longer: a hoisted cast's result
+    (made early), a sunk cast's source (held late; float32 gradients' sources are
+    bfloat16, but a float32 value cast to bfloat16 holds twice its result's bytes)."""
+    _, _, numel, src, dst, where = launch.cast  # type: ignore[misc]
+    return numel * (dst.itemsize if where == "input" else src.itemsize)
 
 
 def _in_place(op: str) -> bool:
@@ -92,7 +104,7 @@ def _hoisted(steps: list[Step], names: Names) -> list[Step]:
     while i < len(steps):
         launch = _pair(steps, i, "input")
         if launch is not None:
-            nbytes = _result_bytes(launch)
+            nbytes = _moved_bytes(launch)
             if group is None or not group.takes(launch, nbytes):
                 group = _Group(launch.device)
                 out.append(group)
@@ -117,10 +129,17 @@ def _sunk(steps: list[Step], names: Names) -> list[Step]:
     while i < len(steps):
         launch = _pair(steps, i, "value")
         if launch is not None:
-            nbytes = _result_bytes(launch)
-            if group is not None and not group.takes(launch, nbytes):
+            nbytes = _moved_bytes(launch)
+            # a cast of a result still waiting in the group reads what the group writes
+            # (no order between one grid's programs): the group goes first
+            waits = launch.cast[0] in made  # type: ignore[index]
+            if group is not None and (waits or not group.takes(launch, nbytes)):
                 out += group.steps(names)
                 group, made = None, set()
+            if nbytes > MAX_BYTES:  # no group takes it: not held late for nothing
+                out += steps[i : i + 2]
+                i += 2
+                continue
             group = group or _Group(launch.device)
             group.members.append((steps[i], launch))
             group.nbytes += nbytes

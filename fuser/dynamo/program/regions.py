@@ -21,6 +21,7 @@ from fuser.dynamo.program.segments import fresh_result, segment_steps
 from fuser.dynamo.program.step import Step
 from fuser.ir.ops import Op
 from fuser.runtime.buffers import restride  # the strides ATen gives
+from fuser.runtime.cast_group import CASTABLE
 from fuser.runtime.checks import check_args
 from fuser.runtime.cuda_backend import direct_launcher
 
@@ -98,7 +99,8 @@ def inline_region(
 
 def _mark_cast(steps: list[Step], plan: Any, n: fx.Node, b: StepBuilder) -> None:
     """Mark the launch of a region that only casts one whole value, seen contiguous and
-    16-byte aligned, into a fresh contiguous buffer (Step.cast): casts.py may launch it
+    16-byte aligned, into a fresh contiguous buffer, both dtypes floats (Step.cast:
+    CastGroup's kernel takes nothing else): casts.py may launch it
     with others, earlier where the value is a graph input (there from the start), later
     where it is computed. Anything else stays as it is."""
     kernel = plan.kernels.get(plan.segments[0].index)
@@ -114,6 +116,8 @@ def _mark_cast(steps: list[Step], plan: Any, n: fx.Node, b: StepBuilder) -> None
     lay = b.seen.layouts.get(source) if isinstance(source, fx.Node) else None
     if source is None or lay is None or lay.align:
         return
+    if din not in CASTABLE or dout not in CASTABLE:
+        return  # the group kernel casts floats only (an int mask, a bool stays alone)
     numel = math.prod(int(d) for d in shape_in)
     shape, stride, dtype, _ = alloc.alloc  # type: ignore[misc]
     if (
