@@ -132,6 +132,10 @@ def test_grouping_limits(monkeypatch) -> None:
     steps = _cast_pair(0) + [mm] + _cast_pair(1) + [copy] + _cast_pair(2)
     launches = _grouped_launches(steps)
     assert launches == [("p0", "c0", "p1", "c1"), ("p2", "c2")]
+    # nor over a Python function of the graph, which may write what it is given
+    scale = Step("call", (), ("p1",), "scale_in_place(p1)", op="scale_in_place")
+    steps2 = _cast_pair(0) + [mm, scale] + _cast_pair(1)
+    assert _grouped_launches(steps2) == [("p0", "c0"), ("p1", "c1")]
     # at most MAX_TENSORS a launch
     many = [s for i in range(MAX_TENSORS + 1) for s in _cast_pair(i)]
     assert [len(u) // 2 for u in _grouped_launches(many)] == [MAX_TENSORS, 1]

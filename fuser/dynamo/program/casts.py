@@ -25,7 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from fuser.config import config
+from fuser.dynamo.program.copies import OWN_CALLS
 from fuser.dynamo.program.step import Step
 from fuser.dynamo.program.steps import Names
 from fuser.runtime.cast_group import MAX_ELEMENTS, MAX_TENSORS, CastGroup
@@ -76,15 +79,21 @@ def _moved_bytes(launch: Step) -> int:
     return numel * (dst.itemsize if where == "input" else src.itemsize)
 
 
-def _in_place(op: str) -> bool:
-    """Whether an ATen call's op name ("aten.copy_", "aten.add_.Tensor") is in place."""
-    parts = op.split(".")
-    return len(parts) > 1 and parts[1].endswith("_")
-
-
 def _barrier(s: Step) -> bool:
-    """A step no group moves across: it may write a value a cast reads."""
-    return s.kind == "region" or (s.kind == "call" and _in_place(s.op))
+    """A step no group moves across: it may write a value a cast reads. A region called
+    as a module; an ATen call whose schema mutates (copy_, add_.Tensor); any other Python
+    function of the graph (ce_scale's scale_in_place). The program's own copies and an
+    inlined region's segment ops write only their results."""
+    if s.kind == "region":
+        return True
+    if s.kind != "call" or s.op in OWN_CALLS or s.op.startswith("ir."):
+        return False
+    parts = s.op.split(".")  # op_name: "aten.mm", "aten.add_.Tensor"
+    if parts[0] != "aten" or len(parts) not in (2, 3):
+        return True
+    packet = getattr(torch.ops.aten, parts[1], None)
+    op = getattr(packet, parts[2] if len(parts) == 3 else "default", None)
+    return op is None or op._schema.is_mutable
 
 
 def _pair(steps: list[Step], i: int, where: str) -> Step | None:
