@@ -102,3 +102,28 @@ def test_judge_against_an_fp32_reference() -> None:
     r = Result("m", "full", "fuser", "cuda", losses=[3.01, 2.51])
     judge(r, similar, lucky, eager_grads, reference, ref_grads)
     assert r.parity
+
+
+def test_profiled_step_fills_the_result(tmp_path) -> None:
+    """--profile's hook: one more step under the step profiler, its report written beside
+    the table; on a CPU the profile has structure and no times (coverage NaN)."""
+    from fuser.suite.profiled import profiled
+    from fuser.suite.run import Result
+
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(lin.parameters())
+    compiled = torch.compile(lin, backend="fuser")
+    x = torch.randn(4, 8)
+
+    def step() -> None:
+        compiled(x).relu().sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    res = Result("lin", "tiny", "fuser", "cpu")
+    profiled(step, res, tmp_path)
+    assert set(res.gpu_ms) >= {"GEMM", "fused memory-bound"}
+    assert res.gpu_coverage != res.gpu_coverage  # NaN: no GPU times
+    report = (tmp_path / "lin-fuser" / "profile.txt").read_text()
+    assert "fused memory-bound" in report
+    assert (tmp_path / "lin-fuser" / "profile.json").exists()

@@ -97,6 +97,10 @@ class Backend:
     # whether it renders the GEMM template (fuser/schedulers/gemm.py); without one,
     # matmuls go to cuBLAS (fuser/dynamo/gemm.py)
     gemm_template: bool = False
+    # whether the call program may launch its lone casts together in one Triton kernel
+    # (fuser/runtime/cast_group.py, fuser/dynamo/program/casts.py): a backend whose
+    # kernels are Triton's, launched on the same stream
+    cast_groups: bool = False
 
     def render(self, plan: KernelPlan) -> str:
         """The kernel's source (with its finalize kernel, if the plan has one)."""

@@ -18,6 +18,7 @@ class TritonBackend(Backend):
     extension = "py"
     ahead_of_time = "warmup"
     gemm_template = True
+    cast_groups = True
     # prefetching lost 5-7% at 2+ blocks/SM (12288, 16384) and won 12% at 1 (20480)
     # outer reductions, fitted (benchmarks/outer_fit.py) to two H100 sweeps: dy.float().sum(0)
     # at 8192x768, 8192x3072, 32768x3072 (benchmarks/results/h100-2026-11-25-outer-sweep/

@@ -13,6 +13,7 @@ over eager closes the table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from dataclasses import asdict
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from fuser.suite.models import FAMILIES
+from fuser.suite.profiled import profiled
 from fuser.suite.run import IMPLS, Result, judge, train
 
 
@@ -100,8 +102,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
         for impl in impls:
             prof = None
             if args.profile and not cpu and impl != "eager":
-                prof = (args.out or Path("suite-out")) / "profiles"
-            res, grads = train(name, args.size, impl, device, steps, warmup, profile_to=prof)
+                prof = functools.partial(profiled, out=(args.out or Path("suite-out")) / "profiles")
+            res, grads = train(name, args.size, impl, device, steps, warmup, profile=prof)
             if impl == "eager":
                 base, base_grads = res, grads
             elif base is not None:

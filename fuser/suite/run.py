@@ -17,7 +17,6 @@ import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
@@ -142,22 +141,6 @@ def compiled(model: torch.nn.Module, impl: str) -> tuple[torch.nn.Module, object
     raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS} or aot_eager")
 
 
-def profiled(step: Callable[[], object], res: Result, out: Path) -> None:
-    """Profile one more of `res`'s steps (the step profiler, its report written to `out`)
-    and keep its GPU time by category and its fused-op coverage."""
-    from fuser.profile.profiler import profile  # the profiler pulls in the bench's helpers
-    from fuser.profile.report import StepProfile, dumps
-
-    prof = profile(step, name=res.impl, steps=3, warmup=1, timed=5, title=res.model)
-    assert isinstance(prof, StepProfile)
-    res.gpu_ms = dict(prof.categories)
-    cov = prof.coverage()
-    res.gpu_coverage = cov["share"] if cov else float("nan")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profile.txt").write_text(str(prof.table(top=30)) + "\n")
-    (out / "profile.json").write_text(dumps(prof.to_json()))
-
-
 def train(
     name: str,
     size: str,
@@ -166,12 +149,13 @@ def train(
     steps: int,
     warmup: int,
     amp: bool = True,
-    profile_to: Path | None = None,
+    profile: Callable[[Callable[[], None], Result], None] | None = None,
 ) -> tuple[Result, dict[str, torch.Tensor]]:
     """Train `name` with `impl` for `steps` steps: the result and the first step's
     gradients (`judge` compares both with eager's). On a GPU the forward runs under bf16
-    autocast unless `amp` is False (the fp32 reference). With `profile_to` (a GPU), one
-    more step is profiled after the timed ones (`profiled`)."""
+    autocast unless `amp` is False (the fp32 reference). `profile` (a GPU): called after
+    the timed steps with a closure running one more step, and the result to fill
+    (fuser/suite/profiled.py)."""
     res = Result(name, size, impl, device)
     torch._dynamo.reset()
     counters.clear()  # Dynamo's: graphs and graph breaks of this run only
@@ -212,7 +196,7 @@ def train(
             res.graph_breaks = sum(counters["graph_break"].values())
         if backend is not None:
             coverage(backend, res)
-        if profile_to is not None and cuda:
+        if profile is not None and cuda:
             kwargs = batch(name, size, model, device, seed=1 + steps)
 
             def step() -> None:
@@ -222,7 +206,7 @@ def train(
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-            profiled(step, res, profile_to / f"{name}-{impl}")
+            profile(step, res)
     except Exception:
         res.error = traceback.format_exc()[-3000:]
     return res, grads

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
+from fuser.backends.registry import get_backend
 from fuser.dynamo.program.segments import fresh_result, segment_steps
 from fuser.dynamo.program.step import Step
 from fuser.ir.ops import Op
@@ -104,7 +105,9 @@ def _mark_cast(steps: list[Step], plan: Any, n: fx.Node, b: StepBuilder) -> None
     with others, earlier where the value is a graph input (there from the start), later
     where it is computed. Anything else stays as it is."""
     kernel = plan.kernels.get(plan.segments[0].index)
-    if kernel is None or kernel.backend != "triton" or kernel.workspaces or kernel.spec.checks:
+    if kernel is None or not get_backend(kernel.backend).cast_groups:
+        return
+    if kernel.workspaces or kernel.spec.checks:
         return
     if [node.op for node in plan.segments[0].nodes] != [Op.CAST] or len(steps) != 2:
         return
