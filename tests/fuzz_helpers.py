@@ -3,6 +3,7 @@ fusions and their inputs, and the check that the fuser agrees with eager."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 
 import pytest
@@ -11,10 +12,22 @@ import torch
 from fuser import FusionDefinition
 from fuser.config import use_interpreter
 from fuser.fuzz.check import compare
+from fuser.runtime import cuda_backend
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERP = pytest.mark.skipif(not use_interpreter(), reason="Triton's CPU interpreter only")
+
+
+def cuda_backend_or_skip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the CUDA C++ backend runnable here, or skip: on a CPU its kernels run in the
+    g++ emulator; on a GPU they need NVRTC through cuda-python."""
+    if DEVICE == "cpu":
+        if shutil.which("g++") is None:
+            pytest.skip("the CUDA emulator needs g++")
+        monkeypatch.setattr(cuda_backend, "EMULATE_ON_CPU", True)
+    else:
+        pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC through cuda-python")
 
 
 def define(build_fn: Callable[[FusionDefinition], None]) -> FusionDefinition:

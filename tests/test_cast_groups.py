@@ -14,7 +14,7 @@ import torch
 from fuser.config import config
 from fuser.dynamo import FuserBackend
 from fuser.dynamo.program import casts
-from fuser.dynamo.program.step import Step
+from fuser.dynamo.program.step import Cast, Step
 from fuser.dynamo.program.steps import Names
 from fuser.runtime.cast_group import MAX_TENSORS, CastGroup, source
 
@@ -115,7 +115,7 @@ def test_autocast_weight_casts_launch_together(grouped: bool, monkeypatch) -> No
 def _cast_pair(i: int, numel: int = 10, device: str = "cuda:0", where: str = "input") -> list[Step]:
     src, dst = f"p{i}", f"c{i}"
     alloc = Step("alloc", (dst,), (), alloc=((numel,), (1,), torch.bfloat16, device))
-    cast = (src, dst, numel, torch.float32, torch.bfloat16, where)
+    cast = Cast(src, dst, numel, torch.float32, torch.bfloat16, where)
     return [alloc, Step("launch", (), (src, dst), "launch", device=device, cast=cast)]
 
 
@@ -195,7 +195,7 @@ def test_a_grouped_cast_reads_its_view_as_a_tensor(monkeypatch) -> None:
         steps.append(Step("view", (f"t{i}",), (f"m{i}",), code, (f"m{i}",), view=view))
         alloc = ((10,), (1,), torch.float32, "cuda:0")
         steps.append(Step("alloc", (f"c{i}",), (), alloc=alloc))
-        cast = (f"t{i}", f"c{i}", 10, torch.bfloat16, torch.float32, "value")
+        cast = Cast(f"t{i}", f"c{i}", 10, torch.bfloat16, torch.float32, "value")
         code = f"k{i}(t{i}.data_ptr(), c{i}.data_ptr())"
         steps.append(Step("launch", (), (f"t{i}", f"c{i}"), code, device="cuda:0", cast=cast))
     b = SimpleNamespace(

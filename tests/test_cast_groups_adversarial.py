@@ -13,7 +13,7 @@ from fuser.dynamo import FuserBackend
 from fuser.dynamo.program import casts
 from fuser.dynamo.program.emit import emit_program
 from fuser.dynamo.program.memory import plan_memory
-from fuser.dynamo.program.step import Step
+from fuser.dynamo.program.step import Cast, Step
 from fuser.dynamo.program.steps import Names
 from fuser.runtime.cast_group import CastGroup
 
@@ -95,7 +95,7 @@ def test_compiled_float64_to_half_casts_match_eager() -> None:
 
 def _value_cast(src: str, dst: str, numel: int = 10, pair=(torch.float32, torch.bfloat16)):
     alloc = Step("alloc", (dst,), (), alloc=((numel,), (1,), pair[1], "cpu"))
-    cast = (src, dst, numel, pair[0], pair[1], "value")
+    cast = Cast(src, dst, numel, pair[0], pair[1], "value")
     launch = Step("launch", (), (src, dst), f"k({src}, {dst})", device="cpu", cast=cast)
     return [alloc, launch]
 
@@ -158,7 +158,7 @@ def test_a_grouped_backward_still_checks_its_inputs_devices(monkeypatch) -> None
     steps: list[Step] = []
     for i in range(2):
         alloc = Step("alloc", (f"c{i}",), (), alloc=((10,), (1,), torch.float32, dev))
-        cast = (f"p{i}", f"c{i}", 10, torch.bfloat16, torch.float32, "input")
+        cast = Cast(f"p{i}", f"c{i}", 10, torch.bfloat16, torch.float32, "input")
         code = f"k{i}(p{i}.data_ptr(), c{i}.data_ptr(), stream)"
         launch = Step("launch", (), (f"p{i}", f"c{i}"), code, on_stream=True, device=dev, cast=cast)
         steps += [alloc, launch]

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 from collections import Counter
 
 import pytest
-from fuzz_helpers import DEVICE
+from fuzz_helpers import DEVICE, cuda_backend_or_skip
 from hypothesis import HealthCheck, Phase, given, settings
 
 from fuser.fuzz.case import FuzzCase, build, repro
 from fuser.fuzz.generator import CPU, GPU, fuzz_cases
 from fuser.fuzz.known import known_issue
 from fuser.fuzz.runner import check_case
-from fuser.runtime import cuda_backend
 
 # the interpreter on one core: 800 cases take ~117 s (2026-11-27; 230 s before interpreted
 # launches stopped re-patching Triton per helper call, checking int32 overflow and folding
@@ -45,12 +43,7 @@ def test_random_fusions(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     examples = CI_EXAMPLES
     if backend == "cuda":
         examples = CUDA_CI_EXAMPLES
-        if DEVICE == "cpu":
-            if shutil.which("g++") is None:
-                pytest.skip("the CUDA emulator needs g++")
-            monkeypatch.setattr(cuda_backend, "EMULATE_ON_CPU", True)
-        else:
-            pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC through cuda-python")
+        cuda_backend_or_skip(monkeypatch)
     seen: Counter = Counter()
     fallbacks = []
 

@@ -4,18 +4,16 @@ dim: fuser/fuzz/patterns.py `_layout`) found."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
-from fuzz_helpers import BF16, DEVICE, F16, F32, define, randn
+from fuzz_helpers import BF16, DEVICE, F16, F32, cuda_backend_or_skip, define, randn
 
 from fuser import FusionDefinition
 from fuser.fuzz.case import FuzzCase, InputSpec, Ref, Step, repro
 from fuser.fuzz.runner import check_case
 from fuser.ir.evaluate import evaluate
-from fuser.runtime import cuda_backend
 from fuser.runtime.specs import planned_alignment
 
 DTYPES = [F32, F16, BF16]
@@ -92,12 +90,7 @@ def test_index_maps_at_1024_elements_keep_their_layout(
     index map ran flattened to [1, 1024] rows, and column j of the flat row was read as
     column j of the tensor (945 of 1024 elements wrong). Both backends."""
     if backend == "cuda":
-        if DEVICE == "cpu":
-            if shutil.which("g++") is None:
-                pytest.skip("the CUDA emulator needs g++")
-            monkeypatch.setattr(cuda_backend, "EMULATE_ON_CPU", True)
-        else:
-            pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC through cuda-python")
+        cuda_backend_or_skip(monkeypatch)
     case = dataclasses.replace(case, backend=backend)
     out = check_case(case, DEVICE)
     assert out.status == "ok", "\n".join(out.problems) + "\n" + repro(case, device=DEVICE)

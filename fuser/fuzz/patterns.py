@@ -456,19 +456,8 @@ def _composite(d: Draft) -> None:
 
 
 # -- layout: slices, pads and cats that map back onto the domain ------------------------
-# simplest first; each keeps the width of the dim it works along, so its result is a
-# value of the domain again (a rotary embedding's rotate_half, its backward's pads)
-LAYOUT_FORMS = (
-    "shift_left",
-    "shift_right",
-    "rotate",
-    "halves",
-    "window",
-    "deinterleave",
-    "stride_pad",
-    "blocks",
-    "leading",
-)
+# each keeps the width of the dim it works along, so its result is a value of the domain
+# again (a rotary embedding's rotate_half, its backward's pads)
 # an op between a slice and its pad or cat; exp, cos and + c are not 0 at 0, so a kernel
 # that computes a column from the wrong source column shows even where a pad's zeros go
 BETWEEN = ("none", "neg", "exp", "mul", "cos", "add", "sin")
@@ -594,6 +583,7 @@ def _blocks(d: Draft, x: int, dim: int, n: int) -> None:
     _cat_of(d, [_between(d, _slice_of(d, x, dim, lo, hi)) for lo, hi in order], dim)
 
 
+# the forms along the last dim, simplest first: (least width, the form)
 LAST_DIM = {
     "shift_left": (2, _shift_left),
     "shift_right": (2, _shift_right),
@@ -604,6 +594,7 @@ LAST_DIM = {
     "stride_pad": (2, _stride_pad),
     "blocks": (3, _blocks),
 }
+LAYOUT_FORMS = (*LAST_DIM, "leading")  # and a leading dim's, left to ATen
 
 
 def _layout(d: Draft) -> None:

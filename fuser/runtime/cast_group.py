@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
+from fuser.codegen.triton.render import cast_value
 from fuser.codegen.triton.templates import HELPERS
+from fuser.ir.dtypes import dtype_of
 from fuser.runtime.kernel import _direct_launches, launch_hooked, raw_stream
 from fuser.runtime.triton_backend import load_module
 
@@ -31,37 +33,7 @@ MAX_TENSORS = 8  # tensors a launch takes (the kernel's branches)
 MAX_ELEMENTS = 2**31 - BLOCK  # offsets are 32-bit
 
 
-_TL = {
-    torch.float32: "tl.float32",
-    torch.float16: "tl.float16",
-    torch.bfloat16: "tl.bfloat16",
-    torch.float64: "tl.float64",
-}
-CASTABLE = frozenset(_TL)
-
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _convert(x: str, src: torch.dtype, dst: torch.dtype, interpreted: bool) -> str:
-    """`x` (of `src`) as `dst`. Triton's interpreter truncates to bfloat16 and flushes
-    bf16 subnormals when it widens, where a GPU and torch round to nearest even: there
-    the bf16_rne / bf16_wide helpers convert (as the generated kernels do). float64 goes
-    to a 16-bit float through float32, as torch (c10 converts a double to float first)
-    and the single cast's kernel (codegen/triton/render.py) do: straight, numpy (the
-    interpreter) and a GPU round once, and 1 + 2**-11 + 2**-40 became float16
-    1.0009765625 instead of torch's 1.0."""
-    if src == dst:
-        return x
-    if dst in _HALF and src not in (torch.float32, dst):
-        return _convert(_convert(x, src, torch.float32, interpreted), torch.float32, dst,
-                        interpreted)  # fmt: skip
-    if interpreted and dst == torch.bfloat16:
-        return f"bf16_rne({x})"
-    if interpreted and src == torch.bfloat16:
-        wide = f"bf16_wide({x})"
-        return wide if dst == torch.float32 else f"{wide}.to({_TL[dst]})"
-    return f"{x}.to({_TL[dst]})"
+CASTABLE = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16})
 
 
 def source(casts: Sequence[tuple[torch.dtype, torch.dtype]], interpreted: bool = False) -> str:
@@ -87,20 +59,21 @@ def source(casts: Sequence[tuple[torch.dtype, torch.dtype]], interpreted: bool =
         f"def cast_group_{count}({params}):",
         "    pid = tl.program_id(0)",
     ]
+    helpers: set[str] = set()
     for k, (src, dst) in enumerate(casts):
         start = "0" if k == 0 else f"end{k - 1}"
         word = "if" if k == 0 else "elif"
+        # the IR cast's own conversion (float64 to a 16-bit float through float32, as
+        # torch; the interpreter's bf16 helpers), as the single cast's kernel writes it
+        y = cast_value("x", dtype_of(src), dtype_of(dst), interpreted, helpers)
         body += [
             f"    {word} pid < end{k}:",
             f"        offs = (pid - {start}) * BLOCK + tl.arange(0, BLOCK)",
             f"        x = tl.load(src{k} + offs, mask=offs < n{k})",
-            f"        tl.store(dst{k} + offs, {_convert('x', src, dst, interpreted)}, "
-            f"mask=offs < n{k})",
+            f"        tl.store(dst{k} + offs, {y}, mask=offs < n{k})",
         ]
-    text = "\n".join(body)
-    for helper in ("bf16_rne", "bf16_wide"):
-        if f"{helper}(" in text:
-            lines += ["", HELPERS[helper].rstrip("\n"), ""]
+    for helper in sorted(helpers):
+        lines += ["", HELPERS[helper].rstrip("\n"), ""]
     return "\n".join(lines + ["", *body]) + "\n"
 
 
@@ -149,14 +122,16 @@ class CastGroup:
             out += [tensors[2 * k], tensors[2 * k + 1], n, end]
         return out
 
-    def launch(self, tensors: Sequence[torch.Tensor]) -> None:
+    def launch(self, tensors: Sequence[torch.Tensor], stream: int | None = None) -> None:
         """Cast src_k into dst_k for each k (`tensors`: src0, dst0, src1, dst1, ...), on
-        torch's current stream. The call program checks what the kernel is specialized
-        to (dtypes, 16-byte alignment) before it calls this; nothing is checked here."""
+        `stream` (the call program's, read once per call) or torch's current one. The
+        call program checks what the kernel is specialized to (dtypes, 16-byte alignment)
+        before it calls this; nothing is checked here."""
         first = tensors[0]
         if self._fast is not None and not launch_hooked():
-            pointers = [t.data_ptr() for t in tensors]
-            self._fast(raw_stream(first.get_device()), self._args(pointers))
+            if stream is None:
+                stream = raw_stream(first.get_device())
+            self._fast(stream, self._args([t.data_ptr() for t in tensors]))
             return
         interp = first.device.type != "cuda"
         if self._module is None:

@@ -107,6 +107,34 @@ class Chunk:
 ROW_KINDS = ("pointwise", "inner_persistent", "inner_looped")
 
 
+def convert(x: str, dst: DType, src: DType | None, interpreted: bool, helpers: set[str]) -> str:
+    """Triton source of `x` (of dtype `src`, if known) converted to `dst`. Triton's
+    interpreter truncates float32 to bfloat16 where a GPU (and torch) rounds to nearest
+    even, and loses bfloat16 subnormals when it widens them, so an interpreted kernel
+    converts with the bf16_rne and bf16_wide helpers instead (added to `helpers`)."""
+    if src == dst:
+        return x
+    if interpreted and dst == DType.bfloat16:
+        helpers.add("bf16_rne")
+        return f"bf16_rne({x})"
+    if interpreted and src == DType.bfloat16 and dst.is_float:
+        helpers.add("bf16_wide")
+        wide = f"bf16_wide({x})"
+        return wide if dst == DType.float32 else f"{wide}.to({TL_DTYPE[dst]})"
+    return f"{x}.to({TL_DTYPE[dst]})"
+
+
+def cast_value(x: str, src: DType, dst: DType, interpreted: bool, helpers: set[str]) -> str:
+    """Triton source of the IR cast of `x` from `src` to `dst`: as `convert`, and to a
+    16-bit float through float32, as torch (c10 converts doubles and integers to float
+    first: float64 1 + 2^-8 + 2^-30 gives bf16 1.0, not 1.0078125); Triton's interpreter
+    also converts to bfloat16 only from float32 (it copies bits else)."""
+    if dst in HALF and src not in (DType.float32, dst):
+        wide = convert(x, DType.float32, src, interpreted, helpers)
+        return convert(wide, dst, DType.float32, interpreted, helpers)
+    return convert(x, dst, src, interpreted, helpers)
+
+
 class TritonKernelWriter:
     def __init__(self, plan: KernelPlan):
         spec = plan.spec
@@ -122,20 +150,8 @@ class TritonKernelWriter:
         self.evict = ""  # the L2 hint of the row walk's loads now written (plan.walk_evict)
 
     def to(self, x: str, dst: DType, src: DType | None = None) -> str:
-        """`x` (of dtype `src`, if known) converted to `dst`. Triton's interpreter
-        truncates float32 to bfloat16 where a GPU (and torch) rounds to nearest even, and
-        loses bfloat16 subnormals when it widens them, so an interpreted kernel converts
-        with the bf16_rne and bf16_wide helpers instead."""
-        if src == dst:
-            return x
-        if self.interpreted and dst == DType.bfloat16:
-            self.helpers.add("bf16_rne")
-            return f"bf16_rne({x})"
-        if self.interpreted and src == DType.bfloat16 and dst.is_float:
-            self.helpers.add("bf16_wide")
-            wide = f"bf16_wide({x})"
-            return wide if dst == DType.float32 else f"{wide}.to({TL_DTYPE[dst]})"
-        return f"{x}.to({TL_DTYPE[dst]})"
+        """`x` (of dtype `src`, if known) converted to `dst` (`convert`)."""
+        return convert(x, dst, src, self.interpreted, self.helpers)
 
     # -- names ---------------------------------------------------------------------
     def name(self, v: Value, chunk: Chunk | None) -> str:
@@ -309,13 +325,7 @@ class TritonKernelWriter:
     def cast(self, src: Value, dst: DType, chunk: Chunk | None) -> str:
         if src.id in self.consts:  # fold: the literal in the new dtype
             return _literal(self.consts[src.id].attr("value"), dst)
-        x = self.name(src, chunk)
-        # to a 16-bit float through float32, as torch (c10 converts doubles and integers
-        # to float first: float64 1 + 2^-8 + 2^-30 gives bf16 1.0, not 1.0078125); Triton's
-        # interpreter also converts to bfloat16 only from float32 (it copies bits else)
-        if dst in HALF and src.dtype not in (DType.float32, dst):
-            return self.to(self.to(x, DType.float32, src.dtype), dst, DType.float32)
-        return self.to(x, dst, src.dtype)
+        return cast_value(self.name(src, chunk), src.dtype, dst, self.interpreted, self.helpers)
 
     def broadcast(self, node: Node, chunk: Chunk | None) -> None:
         # tiles broadcast by shape ([R,1] with [R,C]); only name the alias

@@ -29,7 +29,7 @@ import torch
 
 from fuser.config import config
 from fuser.dynamo.program.copies import OWN_CALLS
-from fuser.dynamo.program.step import Step
+from fuser.dynamo.program.step import Cast, Step
 from fuser.dynamo.program.steps import Names
 from fuser.runtime.cast_group import MAX_ELEMENTS, MAX_TENSORS, CastGroup
 
@@ -52,18 +52,16 @@ class _Group:
     def steps(self, names: Names) -> list[Step]:
         if len(self.members) == 1:
             return list(self.members[0])
-        casts = [launch.cast for _, launch in self.members]
-        group = CastGroup(
-            tuple(c[2] for c in casts),  # type: ignore[index]
-            tuple((c[3], c[4]) for c in casts),  # type: ignore[index]
-        )
+        casts = [launch.cast for _, launch in self.members if launch.cast is not None]
+        group = CastGroup(tuple(c.numel for c in casts), tuple((c.src, c.dst) for c in casts))
         g = names.bind(group, "cast_group")
-        tensors = [name for c in casts for name in c[:2]]  # type: ignore[index]
-        code = f"{g}.launch([{', '.join(tensors)}])  # {len(casts)} casts, one launch"
-        # launched directly on the device's current stream where its casts were (a GPU
-        # kernel's compiled launcher): the program keeps the per-call checks of such
-        # launches (emit.py: a backward's input on another device goes the old way)
+        tensors = [name for c in casts for name in (c.source, c.result)]
+        # launched directly on the program's stream where its casts were (a GPU kernel's
+        # compiled launcher): the program keeps the per-call checks of such launches
+        # (emit.py: a backward's input on another device goes the old way)
         direct = any(launch.on_stream for _, launch in self.members)
+        stream = ", stream" if direct else ""
+        code = f"{g}.launch([{', '.join(tensors)}]{stream})  # {len(casts)} casts, one launch"
         launch = Step(
             "launch", (), tuple(tensors), code, on_stream=direct, device=self.device,
             op="cast group",
@@ -71,12 +69,11 @@ class _Group:
         return [alloc for alloc, _ in self.members] + [launch]
 
 
-def _moved_bytes(launch: Step) -> int:
+def _moved_bytes(c: Cast) -> int:
     """The memory a cast moved by the grouping keeps longer: a hoisted cast's result
     (made early), a sunk cast's source (held late; float32 gradients' sources are
     bfloat16, but a float32 value cast to bfloat16 holds twice its result's bytes)."""
-    _, _, numel, src, dst, where = launch.cast  # type: ignore[misc]
-    return numel * (dst.itemsize if where == "input" else src.itemsize)
+    return c.numel * (c.dst.itemsize if c.where == "input" else c.src.itemsize)
 
 
 def _barrier(s: Step) -> bool:
@@ -96,13 +93,13 @@ def _barrier(s: Step) -> bool:
     return op is None or op._schema.is_mutable
 
 
-def _pair(steps: list[Step], i: int, where: str) -> Step | None:
+def _pair(steps: list[Step], i: int, where: str) -> Cast | None:
     """The marked cast of kind `where` whose result steps[i] allocates, if steps[i + 1]."""
     s, nxt = steps[i], steps[i + 1] if i + 1 < len(steps) else None
     if s.kind != "alloc" or nxt is None or nxt.cast is None:
         return None
     c = nxt.cast
-    return nxt if c[1] == s.defines[0] and c[2] <= MAX_ELEMENTS and c[5] == where else None
+    return c if c.result == s.defines[0] and c.numel <= MAX_ELEMENTS and c.where == where else None
 
 
 def _hoisted(steps: list[Step], names: Names) -> list[Step]:
@@ -111,9 +108,9 @@ def _hoisted(steps: list[Step], names: Names) -> list[Step]:
     group: _Group | None = None
     i = 0
     while i < len(steps):
-        launch = _pair(steps, i, "input")
-        if launch is not None:
-            nbytes = _moved_bytes(launch)
+        cast = _pair(steps, i, "input")
+        if cast is not None:
+            launch, nbytes = steps[i + 1], _moved_bytes(cast)
             if group is None or not group.takes(launch, nbytes):
                 group = _Group(launch.device)
                 out.append(group)
@@ -136,12 +133,12 @@ def _sunk(steps: list[Step], names: Names) -> list[Step]:
     made: set[str] = set()
     i = 0
     while i < len(steps):
-        launch = _pair(steps, i, "value")
-        if launch is not None:
-            nbytes = _moved_bytes(launch)
+        cast = _pair(steps, i, "value")
+        if cast is not None:
+            launch, nbytes = steps[i + 1], _moved_bytes(cast)
             # a cast of a result still waiting in the group reads what the group writes
             # (no order between one grid's programs): the group goes first
-            waits = launch.cast[0] in made  # type: ignore[index]
+            waits = cast.source in made
             if group is not None and (waits or not group.takes(launch, nbytes)):
                 out += group.steps(names)
                 group, made = None, set()
@@ -152,7 +149,7 @@ def _sunk(steps: list[Step], names: Names) -> list[Step]:
             group = group or _Group(launch.device)
             group.members.append((steps[i], launch))
             group.nbytes += nbytes
-            made.add(launch.cast[1])  # type: ignore[index]
+            made.add(cast.result)
             i += 2
             continue
         s = steps[i]

@@ -19,7 +19,7 @@ from torch import fx
 
 from fuser.backends.registry import get_backend
 from fuser.dynamo.program.segments import fresh_result, segment_steps
-from fuser.dynamo.program.step import Step
+from fuser.dynamo.program.step import Cast, Step
 from fuser.ir.ops import Op
 from fuser.runtime.buffers import restride  # the strides ATen gives
 from fuser.runtime.cast_group import CASTABLE
@@ -125,14 +125,14 @@ def _mark_cast(steps: list[Step], plan: Any, n: fx.Node, b: StepBuilder) -> None
     shape, stride, dtype, _ = alloc.alloc  # type: ignore[misc]
     if (
         numel != math.prod(int(d) for d in shape_out)
-        or lay.stride != _contiguous(lay.shape)
+        or not _seen_contiguous(source, b)
         or tuple(stride) != _contiguous(tuple(shape))
         or dtype != dout
         or lay.dtype != din
     ):
         return
     where = "input" if source.op == "placeholder" else "value"
-    launch.cast = (b.local[source], alloc.defines[0], numel, din, dout, where)
+    launch.cast = Cast(b.local[source], alloc.defines[0], numel, din, dout, where)
 
 
 def _seen_contiguous(p: Any, b: StepBuilder) -> bool:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass
 class Step:
@@ -24,9 +26,7 @@ class Step:
     view: a view's (function, shape, strides, offset from its base's), which fold.py
     composes.
     cast: a launch that only casts a whole contiguous value into a fresh contiguous
-    buffer: (source name, destination name, element count, source dtype, destination
-    dtype, "input" for a graph input or "value"), which casts.py may launch together
-    with others.
+    buffer (Cast), which casts.py may launch together with others.
     """
 
     kind: str
@@ -39,4 +39,18 @@ class Step:
     device: object = None  # a launch's device
     op: str = ""
     view: tuple | None = None
-    cast: tuple | None = None
+    cast: Cast | None = None
+
+
+@dataclass(frozen=True)
+class Cast:
+    """What a lone cast's launch does (regions.py marks it, casts.py groups it): it casts
+    the contiguous value `source` (a graph input, `where` "input", or a computed one,
+    "value") of `numel` elements from `src` to `dst` into the fresh buffer `result`."""
+
+    source: str
+    result: str
+    numel: int
+    src: torch.dtype
+    dst: torch.dtype
+    where: str
