@@ -14,6 +14,8 @@ FUSER_CALL_PROGRAM  0 runs torch.compile(backend="fuser") graphs the old way: th
               interpreted node by node, a module call per fused region (default 1: a
               generated call program per graph, fuser/dynamo/program/); config.call_program
               switches it at any call, for an A/B in one process
+FUSER_PROGRAM_CLOCK  1 times each step of a call program on the host (read when the program
+              is built; fuser/dynamo/program/clock.py reports where a step's Python goes)
 FUSER_CAST_GROUPS  0 launches each cast of a graph input (autocast's weight casts) on its own
               (default 1: consecutive ones launched together, fuser/dynamo/program/casts.py);
               config.cast_groups is read when a call program is built
@@ -96,6 +98,7 @@ class Config:
     eager_output_strides: bool
     fp_warnings: bool
     call_program: bool
+    program_clock: bool = False
     cast_groups: bool = True
     compile_workers: int = 0
     compile_processes: bool = False
@@ -123,6 +126,7 @@ def _read() -> Config:
         eager_output_strides=os.environ.get("FUSER_EAGER_OUTPUT_STRIDES", "0") not in ("", "0"),
         fp_warnings=os.environ.get("FUSER_FP_WARNINGS", "0") not in ("", "0"),
         call_program=os.environ.get("FUSER_CALL_PROGRAM", "1") not in ("", "0"),
+        program_clock=os.environ.get("FUSER_PROGRAM_CLOCK", "0") not in ("", "0"),
         cast_groups=os.environ.get("FUSER_CAST_GROUPS", "1") not in ("", "0"),
         compile_workers=int(os.environ.get("FUSER_COMPILE_WORKERS", "0") or 0),
         compile_processes=os.environ.get("FUSER_COMPILE_PROCESSES", "0") not in ("", "0"),

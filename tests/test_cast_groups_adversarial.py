@@ -17,6 +17,10 @@ from fuser.dynamo.program.step import Cast, Step
 from fuser.dynamo.program.steps import Names
 from fuser.runtime.cast_group import CastGroup
 
+# fuser runs CPU tensors' kernels only under the interpreter, which a GPU host does not
+# use: the tests that launch kernels put their tensors on the GPU where there is one
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo(monkeypatch: pytest.MonkeyPatch):
@@ -69,9 +73,10 @@ def test_group_kernel_narrows_float64_as_torch(dst: torch.dtype) -> None:
     as the single cast's kernel does (codegen/triton/render.py's cast)."""
     g = torch.Generator().manual_seed(2)
     x = torch.cat([torch.tensor(_DOUBLE_ROUNDING, dtype=torch.float64),
-                   torch.randn(1500, generator=g, dtype=torch.float64)])  # fmt: skip
-    y = torch.randn(37, generator=g)
-    dx, dy = torch.empty(x.shape, dtype=dst), torch.empty(y.shape, dtype=dst)
+                   torch.randn(1500, generator=g, dtype=torch.float64)]).to(DEVICE)  # fmt: skip
+    y = torch.randn(37, generator=g).to(DEVICE)
+    dx = torch.empty(x.shape, dtype=dst, device=DEVICE)
+    dy = torch.empty(y.shape, dtype=dst, device=DEVICE)
     group = CastGroup((x.numel(), y.numel()), ((torch.float64, dst), (torch.float32, dst)))
     group.launch([x, dx, y, dy])
     assert torch.equal(dx, x.to(dst)), (dx[:4].tolist(), x.to(dst)[:4].tolist())
@@ -80,8 +85,8 @@ def test_group_kernel_narrows_float64_as_torch(dst: torch.dtype) -> None:
 
 def test_compiled_float64_to_half_casts_match_eager() -> None:
     """The same through torch.compile: two float64 inputs cast to float16, grouped."""
-    a = torch.tensor([_DOUBLE_ROUNDING] * 2, dtype=torch.float64)
-    b = torch.tensor(_DOUBLE_ROUNDING[::-1], dtype=torch.float64).repeat(4, 1)
+    a = torch.tensor([_DOUBLE_ROUNDING] * 2, dtype=torch.float64, device=DEVICE)
+    b = torch.tensor(_DOUBLE_ROUNDING[::-1], dtype=torch.float64, device=DEVICE).repeat(4, 1)
 
     def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return a.to(torch.float16), b.to(torch.float16)
@@ -178,7 +183,7 @@ def test_casts_on_the_cuda_backend_are_not_grouped(backend: str) -> None:
     casts are grouped (regions.py _mark_cast); on either backend the results are eager's
     (on a machine without a GPU the CUDA kernels run in the g++ emulator)."""
     g = torch.Generator().manual_seed(3)
-    a, b = torch.randn(4, 6, generator=g), torch.randn(6, 3, generator=g)
+    a, b = torch.randn(4, 6, generator=g).to(DEVICE), torch.randn(6, 3, generator=g).to(DEVICE)
 
     def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.mm(a.to(torch.bfloat16), b.to(torch.bfloat16))

@@ -11,6 +11,7 @@ import torch
 from fuser.config import config
 from fuser.dynamo import FuserBackend
 from fuser.dynamo.program.census import census, programs_of, step_key, table
+from fuser.dynamo.program.clock import host_rows, host_table
 from fuser.dynamo.program.copies import elide_clones
 from fuser.dynamo.program.fold import fold_views
 from fuser.dynamo.program.memory import plan_memory
@@ -272,3 +273,31 @@ def test_a_region_output_that_is_its_input_is_not_copied():
         err = (got[name] - w).norm() / w.norm().clamp_min(1e-12)
         assert err < 0.1, (name, err.item())
     assert not any(k.startswith("region copy") for k in counts), table({"t5": counts})
+
+
+def test_the_clock_times_every_step_of_a_program(monkeypatch) -> None:
+    """FUSER_PROGRAM_CLOCK: the program ticks after each of its steps; the table sums the
+    ticks by census row, per training step, and names the slowest single steps."""
+    monkeypatch.setattr(config, "program_clock", True)
+    torch._dynamo.reset()
+    backend = FuserBackend(strict=True)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.mm(a, b) + 1.0).sum(0)
+
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(6, 5, generator=g), torch.randn(5, 7, generator=g)
+    if torch.cuda.is_available():  # CPU tensors run fuser's kernels only in the interpreter
+        a, b = a.cuda(), b.cuda()
+    compiled = torch.compile(fn, backend=backend)
+    for _ in range(3):  # the program is built at the first call and clocked at the others
+        torch.testing.assert_close(compiled(a, b), fn(a, b))
+    (p,) = programs_of(backend.captures)
+    assert p.clock is not None and p.clock.calls == 2, p.source
+    assert p.source.count("tick(") == len(p.steps) and "clock_start()" in p.source
+    assert all(ns > 0 for ns in p.clock.ns), p.clock.ns
+    rows = dict((k, (n, us)) for k, n, us in host_rows([p], steps=2))
+    assert rows["aten: mm.default"][0] == 1 and rows["launch"][0] >= 1, rows
+    assert abs(sum(us for _, us in rows.values()) - sum(p.clock.ns) / 2e3) < 1e-6
+    text = host_table([p], steps=2, wall_ms=1.0)
+    assert "aten: mm.default" in text and "slowest single steps" in text, text

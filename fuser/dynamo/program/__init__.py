@@ -32,6 +32,7 @@ from torch import fx
 
 from fuser.config import config, debug_print
 from fuser.dynamo.program.casts import group_casts
+from fuser.dynamo.program.clock import StepClock
 from fuser.dynamo.program.copies import elide_clones
 from fuser.dynamo.program.emit import emit_program
 from fuser.dynamo.program.fold import fold_views
@@ -68,6 +69,7 @@ class CallProgram:
         # calls the program handed to the old path (another alignment, another backend)
         self.declined = 0
         self.ledger: timing.Ledger | None = None  # the capture's first-step ledger
+        self.clock: StepClock | None = None  # host time per step (config.program_clock)
 
     def __call__(self, args: list) -> Any:
         if self.fn is not None and config.call_program:
@@ -95,6 +97,7 @@ class CallProgram:
             steps = rewrite(b.build(), b)
             memory = plan_memory(steps, b.inputs, b.result_uses, reuse=REUSE)
             layouts = _input_layouts(b, seen)
+            clock = StepClock(len(steps)) if config.program_clock else None
             emitted = emit_program(
                 self.name,
                 steps,
@@ -107,6 +110,7 @@ class CallProgram:
                 self._decline,
                 _input_strides(layouts) if self.check_strides else None,
                 _input_metas(layouts) if self.check_strides else None,
+                clock,
             )
         except Exception as e:
             if self.strict:
@@ -115,6 +119,7 @@ class CallProgram:
             warnings.warn(f"fuser: call program of {self.name} {self.note}", stacklevel=3)
             return
         self.steps, self.memory, self.inlined = steps, memory, b.inlined
+        self.clock = clock
         self.returned = b.result_uses
         self.source, self.fn = emitted.source, emitted.fn
         for record in b.inlined:

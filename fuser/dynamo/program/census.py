@@ -11,36 +11,25 @@ less the kernels' compiled launchers.
 
     python -m fuser.dynamo.program.census suite:t5-tiny suite:bert-tiny gpt2-tiny
     python -m fuser.dynamo.program.census suite:t5 --device cuda   # a GPU's programs
+    python -m fuser.dynamo.program.census suite:llama --clock --batch 16 --seq 1024
+        # on a GPU: the host time of each kind of step (clock.py), at the model's real size
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+import torch
+
+from fuser.config import config
 from fuser.dynamo import CAPTURES
-from fuser.dynamo.program.step import Step
+from fuser.dynamo.program.clock import host_table
+from fuser.dynamo.program.step import COPIES, Step, step_key  # noqa: F401  (census rows)
 from fuser.profile.models import training_step
-
-# the copies an inlined region makes, as regions.py names their steps
-COPIES = ("clone", "restride", "clone+restride", "contiguous")
-
-
-def step_key(s: Step) -> str:
-    """The census row of one step."""
-    if s.kind == "region":
-        return f"region module: {s.op}"
-    if s.kind == "call":
-        if s.op in COPIES:
-            return f"region copy: {s.op}"
-        return (
-            f"aten: {s.op.removeprefix('aten.')}" if s.op.startswith("aten.") else f"call: {s.op}"
-        )
-    if s.kind == "view" and s.op:
-        return f"view: {s.op}"  # a clone written as a name (copies.py)
-    return s.kind
 
 
 def census(programs: Iterable[Any]) -> Counter:
@@ -112,12 +101,51 @@ def model_census(model: str, steps: int = 2, device: str = "cpu") -> Counter:
     return census(programs_of(CAPTURES[before:]))
 
 
+def model_clock(model: str, batch: int | None, seq: int | None, warmup: int, steps: int) -> str:
+    """The host time of `model`'s call programs by kind of step (clock.py), over `steps`
+    training steps after `warmup`, on the GPU where there is one, against the step's
+    mean wall time (synchronized before and after), as the clocks' sums are means too."""
+    cuda = torch.cuda.is_available()
+    config.program_clock = True
+    before = len(CAPTURES)
+    try:
+        step, title = training_step(model, "fuser", batch, seq, "cuda" if cuda else "cpu")
+        for _ in range(warmup):
+            step()
+    finally:
+        config.program_clock = False
+    programs = programs_of(CAPTURES[before:])
+    for p in programs:
+        if p is not None and p.clock is not None:
+            p.clock.reset()
+    walls = []
+    for _ in range(steps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    wall = sum(walls) / len(walls)
+    return f"{title}\n{host_table(programs, steps, wall)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fuser.dynamo.program.census", description=__doc__)
     ap.add_argument("models", nargs="*", default=["suite:t5-tiny", "suite:bert-tiny", "gpt2-tiny"])
     ap.add_argument("--top", type=int, default=0, help="rows printed (0: all)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU's own plans)")
+    ap.add_argument("--clock", action="store_true", help="host time by kind of step instead")
+    ap.add_argument("--batch", type=int, default=None, help="--clock: batch (default: model's)")
+    ap.add_argument("--seq", type=int, default=None, help="--clock: sequence length")
+    ap.add_argument("--warmup", type=int, default=3, help="--clock: untimed steps first")
+    ap.add_argument("--steps", type=int, default=10, help="--clock: timed steps")
     args = ap.parse_args(argv)
+    if args.clock:
+        for m in args.models:
+            print(model_clock(m, args.batch, args.seq, args.warmup, args.steps))
+        return 0
     columns = {m.removeprefix("suite:"): model_census(m, device=args.device) for m in args.models}
     print(table(columns, args.top))
     return 0

@@ -78,13 +78,15 @@ def emit_program(
     fallback: Callable[[list], Any],
     strides: dict[str, tuple[int | None, ...]] | None = None,
     metas: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+    clock: Any = None,
 ) -> Emitted:
     """The function `func(args)` running `steps` (boxed: it clears `args`). `checked`:
     inputs whose pointer alignment (ptr & 15) the kernels were specialized to; a call
     with another alignment runs `fallback`, the old path, which plans for it. `strides`:
     inputs whose strides no guard fixes, with those the steps were made for (None: any,
     a dim of size 1); `metas`: inputs whose shape and dtype no guard fixes, with those
-    the steps were made for. A call with others runs `fallback` too."""
+    the steps were made for. A call with others runs `fallback` too. `clock` (a StepClock,
+    clock.py): each step's host time is added to it."""
     g = names.globals
     fast = any(s.on_stream for s in steps)
     launched = {s.device for s in steps if s.kind == "launch" and s.device is not None}
@@ -148,12 +150,18 @@ def emit_program(
         raw = names.bind(torch._C._cuda_getCurrentRawStream, "raw_stream")
         body.append(f"stream = {raw}({device.index if device and device.index else 0})")
     body += _free(memory, -1)
+    tick = None
+    if clock is not None:
+        tick = names.bind(clock.tick, "tick")
+        body.append(f"{names.bind(clock.start, 'clock_start')}()  # FUSER_PROGRAM_CLOCK")
     for i, s in enumerate(steps):
         if s.kind == "alloc":
             body += _alloc(s, names, memory.reuse.get(i), fast_device)
         else:
             body += _lines(s.code)
         body += _free(memory, i)
+        if tick is not None:
+            body.append(f"{tick}({i})")
     body.append(f"return {result}")
     source = f"def {func}(args):\n" + "\n".join("    " + line for line in body) + "\n"
     filename = f"<fuser call program {func}>"

@@ -54,3 +54,22 @@ class Cast:
     src: torch.dtype
     dst: torch.dtype
     where: str
+
+
+# the copies an inlined region makes, as regions.py names their steps
+COPIES = ("clone", "restride", "clone+restride", "contiguous")
+
+
+def step_key(s: Step) -> str:
+    """The census row of one step."""
+    if s.kind == "region":
+        return f"region module: {s.op}"
+    if s.kind == "call":
+        if s.op in COPIES:
+            return f"region copy: {s.op}"
+        return (
+            f"aten: {s.op.removeprefix('aten.')}" if s.op.startswith("aten.") else f"call: {s.op}"
+        )
+    if s.kind == "view" and s.op:
+        return f"view: {s.op}"  # a clone written as a name (copies.py)
+    return s.kind
