@@ -18,7 +18,7 @@ import torch
 
 import fuser
 from fuser.profile import classify, load_run
-from fuser.profile.analyse import analyse
+from fuser.profile.analyse import analyse, gaps
 from fuser.profile.capture import Capture, Pass, capture
 from fuser.profile.classify import (
     ATTENTION,
@@ -31,7 +31,14 @@ from fuser.profile.classify import (
     UNFUSED,
 )
 from fuser.profile.compare import align, compare
-from fuser.profile.events import CpuEvent, gpu_activities, split_steps, trim
+from fuser.profile.events import (
+    Activity,
+    CpuEvent,
+    StepEvents,
+    gpu_activities,
+    split_steps,
+    trim,
+)
 from fuser.profile.profiler import build, save_run, used_regions, write
 from fuser.profile.regions import region_table
 from fuser.profile.report import StepProfile
@@ -373,3 +380,29 @@ def test_cli_load(tmp_path):
     paths = [str(_fixture("fuser")), str(_fixture("inductor"))]
     assert main(["--load", *paths, "--out", str(tmp_path), "--top", "5"]) == 0
     assert json.loads((tmp_path / "comparison.json").read_text())["deltas_ms"]
+
+
+def test_idle_gaps_by_cause():
+    """Idle stretches between kernels: a kernel launched after the GPU went idle is the
+    host's gap; one launched before it (waiting on something else) is not; stretches
+    under the threshold (launch latency) are not listed."""
+
+    def act(name: str, start: float, dur: float, launched: float) -> Activity:
+        return Activity(name, "kernel", start, dur, 7, launched)
+
+    step = StepEvents(
+        0.0,
+        1000.0,
+        [
+            act("void k_a<float>(int)", 10.0, 100.0, 5.0),
+            act("k_b", 115.0, 50.0, 20.0),  # 5 us after k_a: latency, not listed
+            act("k_c", 300.0, 100.0, 290.0),  # launched at 290, GPU idle since 165: host
+            act("k_d", 450.0, 10.0, 100.0),  # launched long before: waited on something else
+        ],
+    )
+    g = gaps(step)
+    assert g["count"] == 2, g
+    assert abs(g["host_late_ms"] - 0.135) < 1e-9 and abs(g["other_ms"] - 0.050) < 1e-9, g
+    first = g["longest"][0]
+    assert first["before"] == "k_b" and first["after"] == "k_c" and first["host_late"], first
+    assert abs(first["at_ms"] - 0.165) < 1e-9, first

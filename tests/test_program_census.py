@@ -30,6 +30,11 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
+# fuser runs CPU tensors' kernels only under the interpreter, which a GPU host does not
+# use: the tests that launch kernels put their tensors on the GPU where there is one
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _run(f, args: list[torch.Tensor], program: bool = True, calls: int = 3):
     """f compiled by fuser, called `calls` times (the program is built at the first) with
     a backward of random cotangents: (outputs, input gradients, backend) of the last."""
@@ -80,7 +85,7 @@ def test_a_region_with_aten_segments_is_inlined():
 
     g = torch.Generator().manual_seed(0)
     counts, programs = _same_as_eager_and_old_path(
-        f, [torch.randn(3, 5, 7, generator=g), torch.randn(3, 7, generator=g)]
+        f, [torch.randn(3, 5, 7, generator=g).to(DEVICE), torch.randn(3, 7, generator=g).to(DEVICE)]
     )
     assert not any(k.startswith("region module") for k in counts), counts
     assert counts["call: ir.sum"] >= 2 and counts["launch"] >= 3
@@ -231,7 +236,7 @@ def test_a_region_that_is_not_inlined_says_why():
 
     backend = FuserBackend(strict=True, check=True)
     g = torch.compile(f, backend=backend)
-    x = torch.randn(5, 9)
+    x = torch.randn(5, 9).to(DEVICE)
     g(x)
     torch.testing.assert_close(g(x), f(x), atol=1e-6, rtol=1e-5)
     counts = census(programs_of(backend.captures))
@@ -287,8 +292,7 @@ def test_the_clock_times_every_step_of_a_program(monkeypatch) -> None:
 
     g = torch.Generator().manual_seed(4)
     a, b = torch.randn(6, 5, generator=g), torch.randn(5, 7, generator=g)
-    if torch.cuda.is_available():  # CPU tensors run fuser's kernels only in the interpreter
-        a, b = a.cuda(), b.cuda()
+    a, b = a.to(DEVICE), b.to(DEVICE)
     compiled = torch.compile(fn, backend=backend)
     for _ in range(3):  # the program is built at the first call and clocked at the others
         torch.testing.assert_close(compiled(a, b), fn(a, b))

@@ -79,7 +79,45 @@ def budget(steps: list[StepEvents]) -> dict[str, Any]:
     }
     if steps and host_known:
         out["launch_phases"] = phases(steps[0])
+        out["gaps"] = gaps(median_step(steps)[0])
     return out
+
+
+GAP_US = 20.0  # idle stretches shorter than this are launch latency, not listed
+
+
+def gaps(step: StepEvents, top: int = 8) -> dict[str, Any]:
+    """The GPU's idle stretches between kernels of one step: their total by cause and the
+    `top` longest, each with the kernels around it. A stretch is the host's ("host late")
+    where the kernel after it was launched only after the GPU had gone idle (the Python
+    launching it was behind the GPU), else the GPU's own (a dependency across streams, a
+    synchronization, a copy's latency)."""
+    acts = sorted((a for a in step.activities if a.end is not None), key=lambda a: a.start)
+    found, cursor, before = [], None, None
+    for a in acts:
+        if cursor is not None and a.start - cursor > GAP_US:
+            late = a.launch_end is not None and a.launch_end > cursor
+            found.append(
+                {
+                    "us": a.start - cursor,
+                    "at_ms": (cursor - step.start) / 1e3,
+                    "host_late": late,
+                    "before": _short(before.name),
+                    "after": _short(a.name),
+                }
+            )
+        if cursor is None or a.end > cursor:
+            cursor, before = a.end, a
+    host = sum(g["us"] for g in found if g["host_late"]) / 1e3
+    other = sum(g["us"] for g in found if not g["host_late"]) / 1e3
+    longest = sorted(found, key=lambda g: -g["us"])[:top]
+    return {
+        "count": len(found),
+        "min_us": GAP_US,
+        "host_late_ms": host,
+        "other_ms": other,
+        "longest": longest,
+    }
 
 
 def phases(step: StepEvents) -> list[dict[str, Any]]:

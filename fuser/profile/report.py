@@ -268,6 +268,20 @@ def budget_lines(p: StepProfile) -> list[str]:
             f"  host                  {b['host_ms']:8.2f}  {pct(b['host_ms'])}  (step start to "
             f"the end of its last launch: Python, guards, launches; {b['launches']:.0f} launches)"
         )
+    g = b.get("gaps")
+    if g and g["count"]:
+        lines.append(
+            f"  idle stretches > {g['min_us']:.0f} us between kernels (the median step): "
+            f"{g['count']}, "
+            f"{g['host_late_ms']:.2f} ms host late (launched after the GPU went idle), "
+            f"{g['other_ms']:.2f} ms other; the longest:"
+        )
+        for x in g["longest"]:
+            why = "host late" if x["host_late"] else "other"
+            lines.append(
+                f"    {x['us']:7.0f} us at {x['at_ms']:6.2f} ms ({why}): after "
+                f"{x['before'][:50]} / before {x['after'][:50]}"
+            )
     runs = b.get("launch_phases") or []
     if len(runs) > 1:
         threads: dict[int, str] = {}
