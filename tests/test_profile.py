@@ -125,6 +125,15 @@ def test_categories_by_launcher():
     assert cat("multi_tensor_apply_kernel", step, *adamw) == OPTIMIZER
     assert cat("vectorized_elementwise_kernel<FillFunctor>", "aten::fill_") == COPIES
     assert cat("Memset (Device)", kind="memset") == COPIES
+    # cuBLAS's split-K workspace zeroed inside aten::mm is the GEMM's, cuDNN's the attention's
+    assert cat("Memset (Device)", step, "aten::mm", kind="memset") == GEMM
+    assert cat("Memset (Device)", "aten::_cudnn_attention_backward", kind="memset") == ATTENTION
+    assert cat("Memset (Device)", "aten::zero_", kind="memset") == COPIES
+    # fuser's kernels outside fused regions: its cast groups copy, its scatter-adds and the
+    # cross-entropy scale are fused work (not eager's scatter kernels, which ATen launches)
+    assert cat("cast_group_8", step) == COPIES
+    assert cat("scatter_sorted", step) == FUSED and cat("_scale_rows") == FUSED
+    assert cat("scatter_gather_elementwise_kernel", "aten::scatter_add_") == UNFUSED
     assert cat("elementwise_kernel", "aten::add") == UNFUSED
     assert cat("triton_per_fused_add_native_layer_norm_3") == FUSED
     assert cat("triton_poi_fused__to_copy_view_4") == COPIES

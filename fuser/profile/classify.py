@@ -164,16 +164,18 @@ def category(a: Activity, fused: dict | None) -> str:
     if any(base_name(n).startswith(OPTIMIZER_OPS) for n in names if n.startswith("aten::")):
         return OPTIMIZER
     if a.kind in ("memcpy", "memset"):
-        return COPIES
+        # cuBLAS zeroes a split-K workspace inside aten::mm: the GEMM's time, not a copy
+        return _owner(a) or COPIES
     if fused is not None:
         return COPIES if fused.get("copy_only") else FUSED
+    if FUSER_CASTS.match(a.name):
+        return COPIES  # fuser's cast groups: casts, as Inductor's _to_copy kernels are copies
+    if FUSER_KERNELS.match(a.name):
+        return FUSED  # fuser's kernels outside fused regions (scatter-adds, the CE scale)
+    owner = _owner(a)
+    if owner is not None:
+        return owner
     op = a.innermost()
-    if op is not None:
-        b = base_name(op.name)
-        if b in GEMM_OPS:
-            return GEMM
-        if "attention" in b or "scaled_dot_product" in b:
-            return ATTENTION
     ops = inductor_ops(a.name)
     if ops is not None:
         if a.name.startswith("triton_tem_") and {"mm", "addmm", "bmm"} & set(ops):
@@ -182,6 +184,26 @@ def category(a: Activity, fused: dict | None) -> str:
     if op is not None:
         return COPIES if base_name(op.name) in COPY_OPS else UNFUSED
     return _by_name(a.name)
+
+
+# kernels fuser launches outside a fused region (no region entry): its cast groups
+# (runtime/cast_group.py), scatter-adds (codegen/triton/scatter.py) and the in-place
+# scale of a cross-entropy gradient (dynamo/ce_scale.py)
+FUSER_CASTS = re.compile(r"^cast_group_\d+$")
+FUSER_KERNELS = re.compile(r"^(scatter_(sorted|table|finalize|atomic)|_scale_rows)$")
+
+
+def _owner(a: Activity) -> str | None:
+    """GEMM or ATTENTION where the innermost ATen op enclosing `a` is one."""
+    op = a.innermost()
+    if op is None:
+        return None
+    b = base_name(op.name)
+    if b in GEMM_OPS:
+        return GEMM
+    if "attention" in b or "scaled_dot_product" in b:
+        return ATTENTION
+    return None
 
 
 def _by_name(name: str) -> str:

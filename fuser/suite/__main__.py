@@ -28,10 +28,10 @@ from fuser.suite.run import IMPLS, Result, judge, train
 
 def table(results: list[Result]) -> str:
     rows = [
-        "| model | impl | params M | pass | max loss diff | max grad err | ms/step | "
+        "| model | impl | B | params M | pass | max loss diff | max grad err | ms/step | "
         "vs eager | peak GiB | graphs / breaks | fused/unfused ops | GPU busy ms | "
         "coverage (GPU time) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = {r.model: r for r in results if r.impl == "eager"}
     speedups: dict[str, list[float]] = {}
@@ -47,8 +47,8 @@ def table(results: list[Result]) -> str:
         busy = sum(timed) if timed else None
         gpu = f"{busy:.1f} | {r.gpu_coverage:.0%}" if busy is not None else " | "
         rows.append(
-            f"| {r.model} | {r.impl} | {r.params_m:.1f} | {state} | {r.max_loss_diff:.2e} | "
-            f"{r.max_grad_err:.2e} | {r.ms_per_step:.1f} | {speed:.2f}x | "
+            f"| {r.model} | {r.impl} | {r.batch} | {r.params_m:.1f} | {state} | "
+            f"{r.max_loss_diff:.2e} | {r.max_grad_err:.2e} | {r.ms_per_step:.1f} | {speed:.2f}x | "
             f"{r.peak_mem_gib:.2f} | {graphs} | {ops} | {gpu} |"
         )
     rows.append("")
@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     ap.add_argument("--size", choices=("tiny", "full"), default="tiny")
     ap.add_argument("--steps", type=int, default=None, help="default 2 on CPU, 12 on a GPU")
     ap.add_argument("--warmup", type=int, default=None, help="default 1 on CPU, 4 on a GPU")
+    ap.add_argument("--batch", type=int, default=None, help="batch size (default: the suite's)")
     ap.add_argument("--device", default=None, help="default cuda if available, else cpu")
     ap.add_argument("--out", type=Path, default=None, help="folder for suite.jsonl and suite.md")
     ap.add_argument(
@@ -96,14 +97,18 @@ def main(argv: list[str] | None = None) -> list[Result]:
         base, base_grads = None, {}
         ref, ref_grads = None, {}
         if not cpu and "eager" in impls:  # the fp32 step every bf16 one is judged against
-            ref, ref_grads = train(name, args.size, "eager", device, steps, warmup, amp=False)
+            ref, ref_grads = train(
+                name, args.size, "eager", device, steps, warmup, amp=False, batch_size=args.batch
+            )
             if ref.error:
                 print(f"{name:9s} fp32 reference failed: {ref.error.strip().splitlines()[-1]}")
         for impl in impls:
             prof = None
             if args.profile and not cpu and impl != "eager":
                 prof = functools.partial(profiled, out=(args.out or Path("suite-out")) / "profiles")
-            res, grads = train(name, args.size, impl, device, steps, warmup, profile=prof)
+            res, grads = train(
+                name, args.size, impl, device, steps, warmup, profile=prof, batch_size=args.batch
+            )
             if impl == "eager":
                 base, base_grads = res, grads
             elif base is not None:

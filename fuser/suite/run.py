@@ -22,7 +22,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from fuser.dynamo import FuserBackend
-from fuser.suite.models import batch, build
+from fuser.suite.models import FAMILIES, batch, build, shape
 
 IMPLS = ("eager", "inductor", "fuser")
 
@@ -58,6 +58,7 @@ class Result:
     impl: str
     device: str
     params_m: float = 0.0
+    batch: int = 0  # the step's batch (the suite's own unless --batch gave another)
     losses: list[float] = field(default_factory=list)
     ms_per_step: float = float("nan")
     peak_mem_gib: float = float("nan")
@@ -150,13 +151,18 @@ def train(
     warmup: int,
     amp: bool = True,
     profile: Callable[[Callable[[], None], Result], None] | None = None,
+    batch_size: int | None = None,
 ) -> tuple[Result, dict[str, torch.Tensor]]:
     """Train `name` with `impl` for `steps` steps: the result and the first step's
     gradients (`judge` compares both with eager's). On a GPU the forward runs under bf16
     autocast unless `amp` is False (the fp32 reference). `profile` (a GPU): called after
     the timed steps with a closure running one more step, and the result to fill
-    (fuser/suite/profiled.py)."""
+    (fuser/suite/profiled.py). `batch_size`: the batch in place of the suite's own (the
+    sequence length or image side stays the suite's)."""
     res = Result(name, size, impl, device)
+    b, n = shape(FAMILIES[name], size, device)
+    dims = (batch_size or b, n)
+    res.batch = dims[0]
     torch._dynamo.reset()
     counters.clear()  # Dynamo's: graphs and graph breaks of this run only
     gc.collect()
@@ -172,7 +178,7 @@ def train(
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
         times = []
         for i in range(steps):
-            kwargs = batch(name, size, model, device, seed=1 + i)
+            kwargs = batch(name, size, model, device, seed=1 + i, dims=dims)
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -197,7 +203,7 @@ def train(
         if backend is not None:
             coverage(backend, res)
         if profile is not None and cuda:
-            kwargs = batch(name, size, model, device, seed=1 + steps)
+            kwargs = batch(name, size, model, device, seed=1 + steps, dims=dims)
 
             def step() -> None:
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
