@@ -159,6 +159,11 @@ def test_align_pairs_units_in_order():
 def _tiny_step():
     from fuser.examples.gpt2 import GPT, get_config
 
+    if torch.cuda.is_available():
+        # fuser runs a CPU model's kernels only under Triton's interpreter, which a GPU host
+        # does not use: there its regions run as ATen, and the CPU profile these tests read
+        # has no fused rows (three failed on the H200)
+        pytest.skip("a CPU model's profile: fuser's kernels need the interpreter")
     torch.manual_seed(0)
     model = GPT(get_config("tiny"))
     compiled = torch.compile(model, backend=fuser.FuserBackend())

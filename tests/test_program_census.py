@@ -46,7 +46,8 @@ def _run(f, args: list[torch.Tensor], program: bool = True, calls: int = 3):
             xs = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
             outs = g(*xs)
             gen = torch.Generator().manual_seed(11)
-            torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen) for o in outs])
+            cot = [torch.randn(o.shape, generator=gen).to(o.device) for o in outs]
+            torch.autograd.backward(outs, cot)
     finally:
         config.call_program = saved
     return [o.detach() for o in outs], [x.grad for x in xs if x.grad is not None], backend
@@ -56,7 +57,7 @@ def _eager(f, args: list[torch.Tensor]):
     xs = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
     outs = f(*xs)
     gen = torch.Generator().manual_seed(11)
-    torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen) for o in outs])
+    torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen).to(o.device) for o in outs])
     return [o.detach() for o in outs], [x.grad for x in xs if x.grad is not None]
 
 
