@@ -20,6 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from fuser.runtime.buffers import empty_whole
+from fuser.runtime.jit_launch import launch
 
 try:  # Triton is what runs kernels here on a GPU; the CPU path does not need it
     import triton
@@ -76,6 +77,6 @@ def scale_in_place(grad: torch.Tensor, upstream: torch.Tensor) -> torch.Tensor:
     rows, cols = grad.shape
     if grad.numel():
         grid = (min(rows, _PROGRAMS),)
-        _scale_rows[grid](grad, upstream, rows, cols, grad.stride(0), BLOCK=_BLOCK)
+        launch(_scale_rows, grid, grad, upstream, rows, cols, grad.stride(0), BLOCK=_BLOCK)
     torch.autograd.graph.increment_version(grad)
     return grad

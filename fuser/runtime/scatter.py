@@ -29,6 +29,7 @@ from fuser.ir.graph import Node, Value, freeze_attrs
 from fuser.ir.guards import index_attrs, message
 from fuser.ir.ops import Op
 from fuser.runtime.checks import check_args, poll, raise_claimed
+from fuser.runtime.jit_launch import launch
 from fuser.runtime.resources import _compile_triton, resources_in_child
 from fuser.runtime.triton_backend import load_module
 from fuser.schedulers.scatter import ScatterPlan, ScatterShape, plan_scatter, shape_of
@@ -176,10 +177,10 @@ def scatter_add_rows(
         else:
             acc = base.to(torch.float32, copy=True).contiguous()
         if flat.numel():
-            module.scatter_atomic[grid](
-                src2, flat, acc, *err, flat.numel(), rows, cols, src2.stride(0),
-                src2.stride(1), flat.stride(0), acc.stride(0), b_pad, float(alpha),
-                num_warps=plan.num_warps,
+            launch(
+                module.scatter_atomic, grid, src2, flat, acc, *err, flat.numel(), rows, cols,
+                src2.stride(0), src2.stride(1), flat.stride(0), acc.stride(0), b_pad,
+                float(alpha), num_warps=plan.num_warps,
             )  # fmt: skip
         out = acc if dtype == torch.float32 else acc.to(dtype)
     else:
@@ -187,17 +188,17 @@ def scatter_add_rows(
         b = base if base is not None else out
         ws, cnt = _workspaces(plan, dev)
         if plan.kind == "table":
-            module.scatter_table[grid](
-                src2, flat, ws, cnt, *err, flat.numel(), rows, cols, src2.stride(0),
-                src2.stride(1), flat.stride(0), num_warps=plan.num_warps,
+            launch(
+                module.scatter_table, grid, src2, flat, ws, cnt, *err, flat.numel(), rows, cols,
+                src2.stride(0), src2.stride(1), flat.stride(0), num_warps=plan.num_warps,
             )  # fmt: skip
         else:
             _sorted_launch(module, plan, src2, flat, out, b, ws, cnt, err, b_pad, alpha)
         if plan.finalize is not None:
             fin = plan.finalize
-            module.scatter_finalize[fin.grid(plan.shape)](
-                ws, cnt, out, b, fin.parts, rows, cols, out.stride(0), b.stride(0), b_pad,
-                float(alpha), num_warps=fin.num_warps,
+            launch(
+                module.scatter_finalize, fin.grid(plan.shape), ws, cnt, out, b, fin.parts, rows,
+                cols, out.stride(0), b.stride(0), b_pad, float(alpha), num_warps=fin.num_warps,
             )  # fmt: skip
     if interpreted:
         raise_claimed(checker, err[0])
@@ -227,10 +228,10 @@ def _sorted_launch(
     # each row's run: [bounds[v], bounds[v + 1]); a bad index lies outside every run
     bounds = torch.searchsorted(sorted_idx, _row_ids(rows + 1, sorted_idx.dtype, dev))
     ws = ws if ws.numel() else out
-    module.scatter_sorted[plan.grid()](
-        src2, sorted_idx, perm, bounds, out, b, ws, cnt if cnt.numel() else ws, *err,
-        flat.numel(), rows, plan.shape.cols, src2.stride(0), src2.stride(1), out.stride(0),
-        b.stride(0), pad, float(alpha), num_warps=plan.num_warps,
+    launch(
+        module.scatter_sorted, plan.grid(), src2, sorted_idx, perm, bounds, out, b, ws,
+        cnt if cnt.numel() else ws, *err, flat.numel(), rows, plan.shape.cols, src2.stride(0),
+        src2.stride(1), out.stride(0), b.stride(0), pad, float(alpha), num_warps=plan.num_warps,
     )  # fmt: skip
 
 

@@ -1,0 +1,80 @@
+"""Launching fuser's own Triton kernels that run outside a call program's inlined regions
+(the scatter-adds of runtime/scatter.py, the cross-entropy scale of dynamo/ce_scale.py)
+through their compiled binaries.
+
+Triton's JIT binds and specializes every argument at every call: ~50-80 us of host time
+a launch on an H200 host (`.gpu/scatter_host.py` in benchmarks/results/
+h200x2-2026-11-28-session15/f: the embedding backward 230 us a call, the scale 51 us),
+where a direct launch (runtime/launchers.py) costs ~6 us. `launch` calls the JIT the first
+time it sees a specialization, keeps that compiled kernel's direct launch, and takes it
+for every later call with the same one: the device, grid, warps, constexprs, and what the
+JIT specializes on (each tensor's dtype and 16-byte alignment, each integer's being 1,
+its divisibility by 16 and its width). A profiler that hooks Triton's launches
+(launch_hooked) gets them all through the JIT. On a CPU (the interpreter) it is the JIT.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from fuser.runtime.kernel import _direct_launches, launch_hooked, raw_stream
+
+_FAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # JITFunction -> {key: launch}
+
+
+def _spec(a: Any) -> tuple:
+    """What Triton's JIT specializes an argument on (a tensor's data pointer as well)."""
+    if isinstance(a, torch.Tensor):
+        return ("t", a.dtype, a.data_ptr() % 16 == 0)
+    if isinstance(a, bool):
+        return ("b", a)
+    if isinstance(a, int):
+        return ("i", a == 1, a % 16 == 0, -(2**31) <= a < 2**31)
+    if isinstance(a, float):
+        return ("f",)
+    return ("o", type(a).__name__, a if a is None else id(a))
+
+
+def launch(
+    kernel: Any, grid: tuple, *args: Any, num_warps: int | None = None, **consts: Any
+) -> None:
+    """kernel[grid](*args, num_warps=num_warps, **consts), through its compiled binary
+    once this specialization has been launched (see the module docstring). `consts`:
+    the kernel's constexpr parameters by name."""
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    opts = {} if num_warps is None else {"num_warps": num_warps}
+    if first is None or first.device.type != "cuda":
+        kernel[grid](*args, **opts, **consts)
+        return
+    index = first.get_device()
+    grid3 = tuple((*grid, 1, 1)[:3])
+    key = (index, grid3, num_warps, tuple(sorted(consts.items())), tuple(map(_spec, args)))
+    table = _FAST.setdefault(kernel, {})
+    fast = table.get(key)
+    if fast is not None and not launch_hooked():
+        ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        fast(raw_stream(index), ptrs + fast.tail)
+        return
+    with torch.cuda.device(index) if torch.cuda.current_device() != index else nullcontext():
+        compiled = kernel[grid](*args, **opts, **consts)
+    names = list(getattr(kernel, "arg_names", ()))
+    tail = names[len(args) :]
+    if compiled is None or set(tail) != set(consts) or fast is not None:
+        return  # parameters it cannot order (or a hooked launch): the JIT every time
+    made = _direct_launches(compiled, grid3, None, (1, 1, 1), len(names))
+    if made:
+        table[key] = _Fast(made[0], [consts[n] for n in tail])
+
+
+class _Fast:
+    """A direct launch and the constexpr values that follow the positional arguments."""
+
+    def __init__(self, direct: Any, tail: list):
+        self.direct, self.tail = direct, tail
+
+    def __call__(self, stream: int, args: list) -> None:
+        self.direct(stream, args)

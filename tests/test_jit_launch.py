@@ -1,0 +1,58 @@
+"""runtime/jit_launch.py: fuser's own Triton kernels outside the call programs (scatter-adds,
+the cross-entropy scale) launched through their compiled binaries after the first launch of
+each specialization. The key must change wherever Triton's JIT would compile another
+kernel, or a launch would run a binary specialized for other arguments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fuser.runtime import jit_launch
+from fuser.runtime.jit_launch import _spec, launch
+
+
+def test_the_key_follows_what_the_jit_specializes_on() -> None:
+    x = torch.zeros(64)
+    assert _spec(x) != _spec(x[1:])  # 16-byte alignment
+    assert _spec(x) != _spec(x.double())  # dtype
+    assert _spec(1) != _spec(2) != _spec(16)  # == 1, divisible by 16
+    assert _spec(32) == _spec(48) and _spec(3) == _spec(5)
+    assert _spec(2**31) != _spec(2**31 - 16)  # a 64-bit integer
+    assert _spec(True) != _spec(1) and _spec(0.5) == _spec(2.0)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="direct launches need a GPU")
+
+
+@cuda
+def test_direct_launches_after_the_first_of_each_specialization() -> None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def axpy(x_ptr, y_ptr, n, a, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        tl.store(y_ptr + offs, x * a + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    base = torch.randn(1001, device="cuda", generator=g)
+
+    def run(x: torch.Tensor, n: int) -> None:
+        y = torch.randn(n, device="cuda", generator=g)
+        want = x[:n] * 0.5 + y
+        launch(axpy, ((n + 127) // 128,), x, y, n, 0.5, BLOCK=128)
+        torch.testing.assert_close(y, want)
+
+    for _ in range(3):  # the JIT once, then the direct launch
+        run(base, 1000)
+    assert len(jit_launch._FAST[axpy]) == 1
+    run(base[1:], 1000)  # misaligned: another specialization, compiled by the JIT
+    run(base, 1)  # n == 1: another
+    run(base, 997)  # not divisible by 16: another
+    assert len(jit_launch._FAST[axpy]) == 4
+    for x, n in ((base[1:], 1000), (base, 1), (base, 997), (base, 1000)):
+        run(x, n)  # each through its own direct launch
+    assert len(jit_launch._FAST[axpy]) == 4
