@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fuser.dynamo.ce_scale import scale_in_place
 from fuser.runtime import jit_launch
 from fuser.runtime.jit_launch import _spec, launch
+from fuser.runtime.scatter import scatter_add_rows
 
 
 def test_the_key_follows_what_the_jit_specializes_on() -> None:
@@ -38,7 +40,7 @@ def test_direct_launches_after_the_first_of_each_specialization() -> None:
         tl.store(y_ptr + offs, x * a + tl.load(y_ptr + offs, mask=mask), mask=mask)
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    base = torch.randn(1001, device="cuda", generator=g)
+    base = torch.randn(1025, device="cuda", generator=g)
 
     def run(x: torch.Tensor, n: int) -> None:
         y = torch.randn(n, device="cuda", generator=g)
@@ -47,12 +49,31 @@ def test_direct_launches_after_the_first_of_each_specialization() -> None:
         torch.testing.assert_close(y, want)
 
     for _ in range(3):  # the JIT once, then the direct launch
-        run(base, 1000)
+        run(base, 1024)
     assert len(jit_launch._FAST[axpy]) == 1
-    run(base[1:], 1000)  # misaligned: another specialization, compiled by the JIT
+    run(base[1:], 1024)  # misaligned: another specialization, compiled by the JIT
     run(base, 1)  # n == 1: another
-    run(base, 997)  # not divisible by 16: another
+    run(base, 1000)  # not divisible by 16: another
     assert len(jit_launch._FAST[axpy]) == 4
-    for x, n in ((base[1:], 1000), (base, 1), (base, 997), (base, 1000)):
+    for x, n in ((base[1:], 1024), (base, 1), (base, 1000), (base, 1024)):
         run(x, n)  # each through its own direct launch
     assert len(jit_launch._FAST[axpy]) == 4
+
+
+@cuda
+def test_scatter_and_scale_launched_directly_match_torch() -> None:
+    """The embedding backward's scatter-add and the cross-entropy scale, called again and
+    again with new data (their direct launches after the first), and with a misaligned
+    gradient (a new specialization): each result is torch's."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    wide = torch.randn(4099, 96, device="cuda", generator=g, dtype=torch.bfloat16)
+    for src in (wide[:4096], wide[:4096], wide[3:4099], wide[:4096]):
+        idx = torch.randint(0, 500, (4096,), device="cuda", generator=g)
+        got = scatter_add_rows(src, idx, 500)
+        want = torch.zeros(500, 96, device="cuda").index_add_(0, idx, src.float())
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    for up in (2.0, 2.0, 1.0, 0.5):
+        grad = torch.randn(64, 300, device="cuda", generator=g, dtype=torch.bfloat16)
+        want = (grad.float() * up).to(torch.bfloat16)
+        out = scale_in_place(grad, torch.tensor(up, device="cuda"))
+        assert torch.equal(out, want)
