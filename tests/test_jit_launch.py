@@ -10,7 +10,7 @@ import torch
 
 from fuser.dynamo.ce_scale import scale_in_place
 from fuser.runtime import jit_launch
-from fuser.runtime.jit_launch import _spec, launch
+from fuser.runtime.jit_launch import _orderable, _spec, launch
 from fuser.runtime.scatter import scatter_add_rows
 
 
@@ -22,6 +22,23 @@ def test_the_key_follows_what_the_jit_specializes_on() -> None:
     assert _spec(32) == _spec(48) and _spec(3) == _spec(5)
     assert _spec(2**31) != _spec(2**31 - 16)  # a 64-bit integer
     assert _spec(True) != _spec(1) and _spec(0.5) == _spec(2.0)
+    # u64 from 2**63 on: a u64 binary takes a negative i64 without complaint (wrapped)
+    assert _spec(2**63 + 16) != _spec(-(2**32))
+
+
+def test_a_positional_constexpr_is_never_launched_directly() -> None:
+    """The key holds a positional argument's _spec, not its value: two BLOCKs passed
+    positionally would share the first one's binary."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def k(x_ptr, BLOCK: tl.constexpr, n):
+        tl.store(x_ptr + tl.arange(0, BLOCK), n)
+
+    assert not _orderable(k, 3, {})  # BLOCK positional
+    assert not _orderable(k, 2, {})  # n left to a default it does not have
+    assert _orderable(k, 1, {"BLOCK": 64, "n": 3})  # keyed by value
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="direct launches need a GPU")

@@ -32,8 +32,9 @@ def _spec(a: Any) -> tuple:
         return ("t", a.dtype, a.data_ptr() % 16 == 0)
     if isinstance(a, bool):
         return ("b", a)
-    if isinstance(a, int):
-        return ("i", a == 1, a % 16 == 0, -(2**31) <= a < 2**31)
+    if isinstance(a, int):  # Triton's widths: i32, i64, and u64 from 2**63 on
+        width = 32 if -(2**31) <= a < 2**31 else 64 if a < 2**63 else "u64"
+        return ("i", a == 1, a % 16 == 0, width)
     if isinstance(a, float):
         return ("f",)
     return ("o", type(a).__name__, a if a is None else id(a))
@@ -63,11 +64,23 @@ def launch(
         compiled = kernel[grid](*args, **opts, **consts)
     names = list(getattr(kernel, "arg_names", ()))
     tail = names[len(args) :]
-    if compiled is None or set(tail) != set(consts) or fast is not None:
-        return  # parameters it cannot order (or a hooked launch): the JIT every time
+    if compiled is None or not _orderable(kernel, len(args), consts) or fast is not None:
+        return  # parameters it cannot order or key (or a hooked launch): the JIT every time
     made = _direct_launches(compiled, grid3, None, (1, 1, 1), len(names))
     if made:
         table[key] = _Fast(made[0], [consts[n] for n in tail])
+
+
+def _orderable(kernel: Any, nargs: int, consts: dict) -> bool:
+    """Whether `nargs` positional arguments and the constexprs `consts` by name are every
+    parameter of `kernel`, in order, with no constexpr among the positional ones (the key
+    holds a positional argument's _spec, not its value: BLOCK=64 and BLOCK=128 would
+    share one binary)."""
+    names = list(getattr(kernel, "arg_names", ()))
+    params = getattr(kernel, "params", ())
+    if set(names[nargs:]) != set(consts) or len(params) != len(names):
+        return False
+    return not any(p.is_constexpr for p in params[:nargs])
 
 
 class _Fast:
