@@ -127,3 +127,9 @@ def test_profiled_step_fills_the_result(tmp_path) -> None:
     report = (tmp_path / "lin-fuser" / "profile.txt").read_text()
     assert "fused memory-bound" in report
     assert (tmp_path / "lin-fuser" / "profile.json").exists()
+
+
+def test_an_unknown_model_is_its_run_error() -> None:
+    """A misspelt --models name fails its own run (res.error), not the whole suite."""
+    res, grads = train("no-such-model", "tiny", "eager", "cpu", steps=1, warmup=0, batch_size=4)
+    assert "unknown model" in res.error and not grads

@@ -160,7 +160,8 @@ def train(
     (fuser/suite/profiled.py). `batch_size`: the batch in place of the suite's own (the
     sequence length or image side stays the suite's)."""
     res = Result(name, size, impl, device)
-    b, n = shape(FAMILIES[name], size, device)
+    family = FAMILIES.get(name)  # an unknown name: build's error, in res.error below
+    b, n = shape(family, size, device) if family is not None else (0, 0)
     dims = (batch_size or b, n)
     res.batch = dims[0]
     torch._dynamo.reset()
