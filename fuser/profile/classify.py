@@ -163,19 +163,19 @@ def category(a: Activity, fused: dict | None) -> str:
         return OPTIMIZER
     if any(base_name(n).startswith(OPTIMIZER_OPS) for n in names if n.startswith("aten::")):
         return OPTIMIZER
+    op = a.innermost()
     if a.kind in ("memcpy", "memset"):
         # cuBLAS zeroes a split-K workspace inside aten::mm: the GEMM's time, not a copy
-        return _owner(a) or COPIES
+        return _owner(op) or COPIES
     if fused is not None:
         return COPIES if fused.get("copy_only") else FUSED
     if FUSER_CASTS.match(a.name):
         return COPIES  # fuser's cast groups: casts, as Inductor's _to_copy kernels are copies
     if FUSER_KERNELS.match(a.name):
         return FUSED  # fuser's kernels outside fused regions (scatter-adds, the CE scale)
-    owner = _owner(a)
+    owner = _owner(op)
     if owner is not None:
         return owner
-    op = a.innermost()
     ops = inductor_ops(a.name)
     if ops is not None:
         if a.name.startswith("triton_tem_") and {"mm", "addmm", "bmm"} & set(ops):
@@ -193,9 +193,8 @@ FUSER_CASTS = re.compile(r"^cast_group_\d+$")
 FUSER_KERNELS = re.compile(r"^(scatter_(sorted|table|finalize|atomic)|_scale_rows)$")
 
 
-def _owner(a: Activity) -> str | None:
-    """GEMM or ATTENTION where the innermost ATen op enclosing `a` is one."""
-    op = a.innermost()
+def _owner(op: CpuEvent | None) -> str | None:
+    """GEMM or ATTENTION where `op`, the innermost ATen op enclosing an activity, is one."""
     if op is None:
         return None
     b = base_name(op.name)

@@ -23,7 +23,8 @@ import torch
 
 from fuser.runtime.kernel import _direct_launches, launch_hooked, raw_stream
 
-_FAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # JITFunction -> {key: launch}
+# JITFunction -> {key: (its direct launch, the constexpr values after the positional args)}
+_FAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _spec(a: Any) -> tuple:
@@ -57,18 +58,18 @@ def launch(
     table = _FAST.setdefault(kernel, {})
     fast = table.get(key)
     if fast is not None and not launch_hooked():
+        direct, tail = fast  # the constexprs' values follow the positional arguments
         ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-        fast(raw_stream(index), ptrs + fast.tail)
+        direct(raw_stream(index), ptrs + tail)
         return
     with torch.cuda.device(index) if torch.cuda.current_device() != index else nullcontext():
         compiled = kernel[grid](*args, **opts, **consts)
-    names = list(getattr(kernel, "arg_names", ()))
-    tail = names[len(args) :]
     if compiled is None or not _orderable(kernel, len(args), consts) or fast is not None:
         return  # parameters it cannot order or key (or a hooked launch): the JIT every time
+    names = kernel.arg_names
     made = _direct_launches(compiled, grid3, None, (1, 1, 1), len(names))
     if made:
-        table[key] = _Fast(made[0], [consts[n] for n in tail])
+        table[key] = (made[0], [consts[n] for n in names[len(args) :]])
 
 
 def _orderable(kernel: Any, nargs: int, consts: dict) -> bool:
@@ -78,16 +79,6 @@ def _orderable(kernel: Any, nargs: int, consts: dict) -> bool:
     share one binary)."""
     names = list(getattr(kernel, "arg_names", ()))
     params = getattr(kernel, "params", ())
-    if set(names[nargs:]) != set(consts) or len(params) != len(names):
+    if not names or set(names[nargs:]) != set(consts) or len(params) != len(names):
         return False
     return not any(p.is_constexpr for p in params[:nargs])
-
-
-class _Fast:
-    """A direct launch and the constexpr values that follow the positional arguments."""
-
-    def __init__(self, direct: Any, tail: list):
-        self.direct, self.tail = direct, tail
-
-    def __call__(self, stream: int, args: list) -> None:
-        self.direct(stream, args)

@@ -43,7 +43,7 @@ class StepClock:
 
 
 def _clocked(programs: Iterable[Any]) -> list[Any]:
-    return [p for p in programs if p is not None and getattr(p, "clock", None) is not None]
+    return [p for p in programs if p is not None and p.clock is not None]
 
 
 def host_rows(programs: Iterable[Any], steps: int) -> list[tuple[str, float, float]]:
@@ -51,12 +51,13 @@ def host_rows(programs: Iterable[Any], steps: int) -> list[tuple[str, float, flo
     first, over the clocked `programs` run for `steps` training steps."""
     count: dict[str, float] = {}
     us: dict[str, float] = {}
+    steps = max(steps, 1)
     for p in _clocked(programs):
+        per_step = p.clock.calls / steps
         for s, ns in zip(p.steps, p.clock.ns):
             key = step_key(s)
-            per_call = p.clock.calls / max(steps, 1)
-            count[key] = count.get(key, 0.0) + per_call
-            us[key] = us.get(key, 0.0) + ns / 1e3 / max(steps, 1)
+            count[key] = count.get(key, 0.0) + per_step
+            us[key] = us.get(key, 0.0) + ns / 1e3 / steps
     return sorted(((k, count[k], us[k]) for k in us), key=lambda r: -r[2])
 
 
@@ -66,7 +67,7 @@ def slowest(programs: Iterable[Any], top: int = 15) -> list[tuple[float, str, st
     for p in _clocked(programs):
         calls = max(p.clock.calls, 1)
         for s, ns in zip(p.steps, p.clock.ns):
-            line = (s.code or s.kind).strip().splitlines()[0] if (s.code or s.kind) else ""
+            line = (s.code.strip() or s.kind).splitlines()[0]
             out.append((ns / 1e3 / calls, p.name, line[:110]))
     return sorted(out, reverse=True)[:top]
 
