@@ -80,6 +80,7 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
     lines += [f"  matmul {note}" for note in record.matmuls_padded]
     lines += [f"  {note}" for note in record.attention]
     lines += [f"  {note}" for note in record.scatters]
+    lines += [f"  sum {note}" for note in record.middle_sums]
     lines += [f"  {note}" for note in record.gemm]
     if record.kind == "forward" and record.module is not None:
         lines.append("  " + saved_summary(saved_for_backward(record.module)))

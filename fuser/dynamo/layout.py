@@ -51,15 +51,22 @@ def _bounds(start: Any, end: Any, size: int) -> tuple[int, int]:
     return start, min(max(end, start), size)
 
 
+def _whole(shape: list[int], dim: int, node: fx.Node, step: int) -> bool:
+    """Whether a slice along `dim` keeps every element: the identity."""
+    size = shape[dim % len(shape)]
+    start, end = _bounds(arg(node, 2, "start"), arg(node, 3, "end"), size)
+    return (start, end) == (0, size) and (step == 1 or size <= 1)
+
+
 @register(aten.slice.Tensor, free=True)
 def _slice(ctx: LowerCtx, node: fx.Node) -> Any:
     x = ctx.tensor(node.args[0])
     shape = [int(s) for s in x.shape]
+    step = int(arg(node, 4, "step", 1))
+    if shape and _whole(shape, arg(node, 1, "dim", 0), node, step):
+        return ctx.finish(node, [x])  # along any dim: a KV cache's cat, its backward
     d = _last_dim(node, arg(node, 1, "dim", 0), len(shape), "slice")
     start, end = _bounds(arg(node, 2, "start"), arg(node, 3, "end"), shape[d])
-    step = int(arg(node, 4, "step", 1))
-    if (start, end, step) == (0, shape[d], 1):
-        return ctx.finish(node, [x])
     if node.users and all(u.target is _CROSS_ENTROPY for u in node.users):
         # pad_mm.py's logits: a strided view read by the row kernel as it is, with wide
         # aligned accesses; as an index map in the kernel it would split the kernel

@@ -27,6 +27,7 @@ from fuser.dynamo.context import NothingToFuse, NotLowerable
 from fuser.dynamo.gemm import lower_gemm
 from fuser.dynamo.indexing import lower_scatters
 from fuser.dynamo.layout import drop_empty_pieces
+from fuser.dynamo.middle_sums import split_middle_sums
 from fuser.dynamo.pad_mm import pad_matmuls
 from fuser.dynamo.partition import form_regions
 from fuser.dynamo.program import CallProgram
@@ -78,6 +79,7 @@ class GraphRecord:
     matmuls_padded: list[str] = field(default_factory=list)  # pad_mm.py's notes
     attention: list[str] = field(default_factory=list)  # attention.py's choices
     scatters: list[str] = field(default_factory=list)  # indexing.py's scatter-adds
+    middle_sums: list[str] = field(default_factory=list)  # middle_sums.py's rewrites
     gemm: list[str] = field(default_factory=list)  # gemm.py's choices (FUSER_GEMM)
     error: str = ""  # set when lowering failed and the whole graph runs as ATen ops
     cudagraphs: str = ""  # with CUDA graphs asked for: captured, or why not (cudagraphs.py)
@@ -403,8 +405,9 @@ def _aten_graph(
 def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
     """The first stage: a copy of gm (gm stays the ATen fallback) with its chosen matmul
     chains made GEMM template calls, its unaligned matmuls padded, its chosen attentions
-    made template calls, its scatter-adds calls of fuser's scatter kernel, and its row
-    views moved out from between fusible ops."""
+    made template calls, its scatter-adds calls of fuser's scatter kernel, its sums over
+    a few middle elements adds of views, and its row views moved out from between
+    fusible ops."""
     work = draft_module(gm)  # read as a graph from here on: rewrite() makes the module
     scale_saved_gradient_in_place(work)
     record.gemm = lower_gemm(work)  # before padding: a template call needs none
@@ -413,5 +416,6 @@ def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
     record.attention = causal_masks(work) + lower_attention(work)
     record.scatters = lower_scatters(work)
     drop_empty_pieces(work.graph)  # a KV cache's first cat: a copy of its one piece
+    record.middle_sums = split_middle_sums(work.graph)  # GQA's gradient over shared heads
     record.views_moved = sink_row_views(work.graph)
     return work

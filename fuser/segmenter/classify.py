@@ -65,13 +65,19 @@ class Layout:
         return dict(self.kinds)[v.id]
 
 
+def _rows(dims: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in dims if d != 1)
+
+
 def _shape_kinds(shape: tuple[int, ...], domain: tuple[int, ...]) -> set[Kind]:
     """Every kind a value of `shape` could have in `domain`."""
     n = len(domain)
     out = set()
     if math.prod(shape) == 1 or shape == ():
         out.add(Kind.SCALAR)
-    if shape == domain:
+    if shape == domain or (
+        n >= 1 and shape[-1:] == domain[-1:] and _rows(shape[:-1]) == _rows(domain[:-1])
+    ):  # size-1 row dims aside ([T, C] in [1, T, C] at batch 1): the same rows
         out.add(Kind.FULL)
     if n >= 1 and shape in (domain[:-1], domain[:-1] + (1,)):
         out.add(Kind.ROW)

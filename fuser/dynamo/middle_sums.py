@@ -1,0 +1,130 @@
+"""Sums over a few middle elements become adds of strided views, before partitioning.
+
+fuser schedules a reduction over the last dim (a row) or over all leading dims (a
+column). A sum over dims in between stays an ATen sum: grouped-query attention's
+gradient is one, the key and value heads' gradient summed over the query heads that
+shared them ([B, G, R, T, D] -> [B, G, T, D], R query heads a key head).
+
+Where the reduced dims hold few elements (at most MAX_TERMS), the sum is the
+elementwise sum of its slices: each slice an ATen view of the input at its own offset
+(free: the call program resolves it at compile time), read by a fused kernel through its
+strides, widened to the accumulation type ATen's sum uses (fp32 for half types) and added
+in order, then rounded once. The adds join the elementwise work around the sum (a GQA
+gradient's rotary backward). A sum over more elements stays ATen: a kernel reading that
+many views would hold that many pointers and loads in flight a thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+from torch import fx
+
+from fuser.dynamo.context import arg
+from fuser.dynamo.reductions import reduce_dims
+
+aten = torch.ops.aten
+MAX_TERMS = 16
+_SUMS = (aten.sum.dim_IntList, aten.mean.dim)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _val(n: Any) -> Any:
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def _middle(node: fx.Node) -> list[int] | None:
+    """The reduced dims of `node` if it is a floating sum or mean over dims that neither
+    include the last dim nor are all the leading dims, holding 2..MAX_TERMS elements."""
+    if node.op != "call_function" or node.target not in _SUMS:
+        return None
+    x, out = _val(node.args[0]), _val(node)
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return None
+    if not x.dtype.is_floating_point or not out.dtype.is_floating_point or x.dim() < 3:
+        return None
+    if not all(isinstance(s, int) for s in x.shape):  # symbolic sizes
+        return None
+    dims = reduce_dims(x.dim(), arg(node, 1, "dim"))
+    if not dims or x.dim() - 1 in dims or dims == list(range(len(dims))):
+        return None
+    terms = math.prod(x.shape[d] for d in dims)
+    return dims if 2 <= terms <= MAX_TERMS else None
+
+
+def _call(graph: fx.Graph, target: Any, args: tuple, kwargs: dict | None = None) -> fx.Node:
+    kwargs = kwargs or {}
+    n = graph.call_function(target, args, kwargs)
+    n.meta["val"] = target(*[_val(a) if isinstance(a, fx.Node) else a for a in args], **kwargs)
+    return n
+
+
+def _cast(graph: fx.Graph, x: fx.Node, dtype: torch.dtype) -> fx.Node:
+    if _val(x).dtype == dtype:
+        return x
+    return _call(graph, aten._to_copy.default, (x,), {"dtype": dtype})
+
+
+def _expand(graph: fx.Graph, node: fx.Node, dims: list[int]) -> fx.Node:
+    """node's sum as adds of its slices, in the node's output dtype, without its
+    reduced dims (keepdim or not)."""
+    x = node.args[0]
+    out = _val(node)
+    acc = torch.float32 if out.dtype in _HALF else out.dtype
+    sizes = [_val(x).shape[d] for d in dims]
+    total = None
+    for index in itertools.product(*(range(s) for s in sizes)):
+        piece = x
+        for d, i in sorted(zip(dims, index), reverse=True):  # the later dims first
+            piece = _call(graph, aten.select.int, (piece, d, i))
+        piece = _cast(graph, piece, acc)
+        total = piece if total is None else _call(graph, aten.add.Tensor, (total, piece))
+    assert total is not None
+    if node.target is aten.mean.dim:
+        total = _call(graph, aten.div.Tensor, (total, float(math.prod(sizes))))
+    return _cast(graph, total, out.dtype)
+
+
+def _squeezes(node: fx.Node, dims: list[int]) -> list[fx.Node]:
+    """The users of a keepdim sum that squeeze exactly its reduced dims away (transformers'
+    repeat_kv gradient: sum(..., keepdim=True).squeeze(2))."""
+    found = []
+    for u in node.users:
+        if u.op != "call_function" or u.target not in (aten.squeeze.dim, aten.squeeze.dims):
+            continue
+        sq = u.args[1] if len(u.args) > 1 else None
+        sq = [sq] if isinstance(sq, int) else list(sq or [])
+        if sorted(d % _val(node).dim() for d in sq) == dims:
+            found.append(u)
+    return found
+
+
+def split_middle_sums(graph: fx.Graph) -> list[str]:
+    """Rewrite every sum or mean over a few middle elements (see the module's doc) as
+    adds of strided views. Returns explain's notes, one a rewritten sum."""
+    notes = []
+    for node in list(graph.nodes):
+        dims = _middle(node)
+        if dims is None:
+            continue
+        shape = list(_val(node.args[0]).shape)
+        notes.append(
+            f"{node.name}: {node.target.__name__.split('.')[0]} over dims {dims} of {shape} "
+            f"({math.prod(shape[d] for d in dims)} elements a result) as adds of strided "
+            "views (no reduction kernel takes middle dims)"
+        )
+        with graph.inserting_before(node):
+            total = _expand(graph, node, dims)
+        if tuple(_val(total).shape) != tuple(_val(node).shape):  # keepdim
+            for sq in _squeezes(node, dims):
+                sq.replace_all_uses_with(total)
+                graph.erase_node(sq)
+            if node.users:
+                with graph.inserting_before(node):
+                    total = _call(graph, aten.view.default, (total, list(_val(node).shape)))
+        node.replace_all_uses_with(total)
+        graph.erase_node(node)
+    return notes
