@@ -116,10 +116,10 @@ def test_too_many_terms_stays_aten() -> None:
     assert notes(fb) == [] and aten_sums(fb) == 1
 
 
-def test_leading_and_last_dims_are_not_rewritten() -> None:
-    """Those are the column and row reductions the schedulers take."""
+def test_rows_and_columns_are_not_rewritten() -> None:
+    """All leading dims, the last dim: the column and row reductions the schedulers take."""
     x = rand(3, 4, 5, seed=9)
-    for fn in (lambda t: t.sum(0) * 2.0, lambda t: t.sum([0, 1]) * 2.0, lambda t: t.sum(2) * 2.0):
+    for fn in (lambda t: t.sum([0, 1]) * 2.0, lambda t: t.sum(2) * 2.0):
         torch._dynamo.reset()
         out, fb = compiled(fn, x)
         torch.testing.assert_close(out, fn(x))
@@ -147,3 +147,34 @@ def test_repeat_kv_backward(dtype: torch.dtype) -> None:
     tol = {} if dtype == F32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(grads[1], grads[0], **tol)
     assert len(notes(fb)) == 1, explain(fb)
+
+
+@pytest.mark.parametrize(
+    "shape, dims, keepdim, mean",
+    [
+        ((3, 5, 7), [0], False, False),  # the position-embedding gradient's form
+        ((3, 5, 7), [0], True, False),
+        ((2, 3, 4, 5), [0, 1], False, True),
+        ((20, 3, 9), [0], False, False),  # more leading elements than MAX_TERMS
+    ],
+)
+def test_sum_over_some_leading_dims(shape, dims, keepdim, mean) -> None:  # noqa: ANN001
+    x = rand(*shape, dtype=BF16, seed=13)
+    op = torch.mean if mean else torch.sum
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return op(t * 2.0, dims, keepdim=keepdim) * 3.0
+
+    out, fb = compiled(fn, x)
+    torch.testing.assert_close(out, fn(x), atol=2e-2, rtol=2e-2)
+    assert len(notes(fb)) == 1 and "column sum" in notes(fb)[0]
+    assert aten_sums(fb) == 0, explain(fb)
+
+
+def test_leading_sum_of_unmergeable_input_stays_aten() -> None:
+    """[3, 7, 5] transposed from [3, 5, 7]: its last two dims do not merge into one
+    stride, so a [3, 35] view would be a copy; the sum stays ATen."""
+    x = rand(3, 5, 7, seed=14).transpose(1, 2)
+    out, fb = compiled(lambda t: t.sum(0) * 2.0, x)
+    torch.testing.assert_close(out, x.sum(0) * 2.0)
+    assert notes(fb) == []

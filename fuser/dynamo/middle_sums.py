@@ -1,4 +1,4 @@
-"""Sums over a few middle elements become adds of strided views, before partitioning.
+"""Sums over middle or some leading dims, made fusible before partitioning.
 
 fuser schedules a reduction over the last dim (a row) or over all leading dims (a
 column). A sum over dims in between stays an ATen sum: grouped-query attention's
@@ -12,6 +12,11 @@ strides, widened to the accumulation type ATen's sum uses (fp32 for half types) 
 in order, then rounded once. The adds join the elementwise work around the sum (a GQA
 gradient's rotary backward). A sum over more elements stays ATen: a kernel reading that
 many views would hold that many pointers and loads in flight a thread.
+
+A sum over some leading dims but not all (a learned position embedding's gradient, summed
+over the batch: [B, T, C] -> [T, C]) is a column sum of the input viewed as [B, T * C]:
+the view is free where the trailing dims merge (else the sum stays ATen), and the column
+sum is the outer reduction's.
 """
 
 from __future__ import annotations
@@ -50,9 +55,33 @@ def _middle(node: fx.Node) -> list[int] | None:
         return None
     dims = reduce_dims(x.dim(), arg(node, 1, "dim"))
     if not dims or x.dim() - 1 in dims or dims == list(range(len(dims))):
-        return None
+        return None  # a row, or leading dims (_leading)
     terms = math.prod(x.shape[d] for d in dims)
     return dims if 2 <= terms <= MAX_TERMS else None
+
+
+def _leading(node: fx.Node) -> int:
+    """k where `node` is a floating sum or mean over the first k dims of its input, some
+    leading dims but not all (the position-embedding gradient: [B, T, C] -> [T, C]), whose
+    input views as [those dims' elements, the rest]; 0 for any other node."""
+    if node.op != "call_function" or node.target not in _SUMS:
+        return 0
+    x, out = _val(node.args[0]), _val(node)
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return 0
+    if not x.dtype.is_floating_point or not out.dtype.is_floating_point or x.dim() < 3:
+        return 0
+    if not all(isinstance(s, int) for s in x.shape) or x.numel() == 0:
+        return 0
+    dims = reduce_dims(x.dim(), arg(node, 1, "dim"))
+    k = len(dims)
+    if not dims or dims != list(range(k)) or k >= x.dim() - 1:
+        return 0
+    try:
+        x.view(math.prod(x.shape[:k]), -1)
+    except (RuntimeError, ValueError):  # not one stride for the rest: a view would copy
+        return 0
+    return k
 
 
 def _call(graph: fx.Graph, target: Any, args: tuple, kwargs: dict | None = None) -> fx.Node:
@@ -102,11 +131,36 @@ def _squeezes(node: fx.Node, dims: list[int]) -> list[fx.Node]:
     return found
 
 
+def _as_column(graph: fx.Graph, node: fx.Node, k: int) -> fx.Node:
+    """node's sum over its input's first k dims as a column sum of its [lead, rest] view,
+    viewed back to node's shape (keepdim or not)."""
+    x = node.args[0]
+    shape = list(_val(x).shape)
+    flat = _call(graph, aten.view.default, (x, [math.prod(shape[:k]), math.prod(shape[k:])]))
+    dtype = node.kwargs.get("dtype")
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    col = _call(graph, node.target, (flat, [0]), kwargs)
+    return _call(graph, aten.view.default, (col, list(_val(node).shape)))
+
+
 def split_middle_sums(graph: fx.Graph) -> list[str]:
     """Rewrite every sum or mean over a few middle elements (see the module's doc) as
-    adds of strided views. Returns explain's notes, one a rewritten sum."""
+    adds of strided views, and every one over some leading dims but not all as a column
+    sum of a 2-D view. Returns explain's notes, one a rewritten sum."""
     notes = []
     for node in list(graph.nodes):
+        k = _leading(node)
+        if k:
+            shape = list(_val(node.args[0]).shape)
+            notes.append(
+                f"{node.name}: {node.target.__name__.split('.')[0]} over dims "
+                f"{list(range(k))} of {shape} as a column sum of its "
+                f"[{math.prod(shape[:k])}, {math.prod(shape[k:])}] view"
+            )
+            with graph.inserting_before(node):
+                node.replace_all_uses_with(_as_column(graph, node, k))
+            graph.erase_node(node)
+            continue
         dims = _middle(node)
         if dims is None:
             continue
