@@ -106,8 +106,8 @@ def test_strided_graph_inputs(backend: str):
     """Pieces that come in strided (Dynamo's inputs themselves views) and a piece of no
     columns, which the cat skips."""
     g = torch.Generator().manual_seed(4)
-    a = torch.randn(7, 6, 3, generator=g).permute(2, 1, 0)  # [3, 6, 7], column-major-ish
-    b = torch.randn(3, 6, 12, generator=g)[:, :, 1:12:2]  # [3, 6, 6], a step of 2
+    a = torch.randn(7, 6, 3, generator=g).to(DEVICE).permute(2, 1, 0)  # [3, 6, 7]
+    b = torch.randn(3, 6, 12, generator=g).to(DEVICE)[:, :, 1:12:2]  # [3, 6, 6], a step of 2
 
     def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.cat([a, b[..., :0], b], dim=2)
@@ -142,6 +142,32 @@ def test_cat_with_an_empty_past_is_a_copy_kernel(backend: str, dtype: torch.dtyp
 
 
 @pytest.mark.parametrize("backend", ["triton"], indirect=True)
+def test_an_empty_past_that_widens_the_dtype(backend: str):
+    """transformers' cache under autocast: the rotary embedding's keys come out in fp32, so
+    the cache's empty past is fp32, and the bf16 values' cat with it is fp32 (ATen promotes
+    over empty pieces too). The values are cast instead: the cat, the repeat over the
+    query heads (repeat_kv) and the cast back to bf16 are fused kernels, not ATen ops."""
+
+    def fn(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        past = torch.tensor([], device=v.device, dtype=torch.float32)
+        cache = torch.cat([past, v.transpose(1, 2)], -2)  # [2, 2, 5, 8] fp32
+        b, g, t, d = cache.shape
+        rep = cache[:, :, None].expand(b, g, 3, t, d).reshape(b, g * 3, t, d)
+        return cache, rep.to(torch.bfloat16) * 2
+
+    v = leaf(2, 5, 2, 8, dtype=BF16, seed=7)
+    fb = FuserBackend(strict=True, check=True)
+    compiled = torch.compile(fn, backend=fb, dynamic=False)
+    got, want = compiled(v), fn(v)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b)
+    text = str(explain(fb))
+    assert "empty tensors" not in text and "aten.cat" not in text, text
+    assert "ATen fallback" not in text and fb.captures[0].graphs[0].kernels, text
+
+
+@pytest.mark.parametrize("backend", ["triton"], indirect=True)
 def test_cat_of_one_piece_along_a_middle_dim(backend: str):
     """Pieces of no extent along the dim are skipped: a copy of the one left."""
 
@@ -163,3 +189,23 @@ def test_cat_of_pieces_along_a_row_dim_stays_aten(backend: str):
     fb = run_both(fn, args, F32)
     calls = aten_calls(fb)
     assert "cat of 2 tensors along dim 2 of a rank-4 tensor: only the last dim" in calls, calls
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["program", "module"])
+def test_output_that_is_a_permuted_input_gets_atens_strides(check: bool):
+    """A cast to fp32 and back simplifies to the region's input, here a permuted view; the
+    cat between made ATen's strides the contiguous ones, which the view after it needs
+    (transformers' CodeGen under autocast failed there: "view size is not compatible").
+    The output is a contiguous copy, in the call program and in the region module."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = x.permute(0, 2, 1, 3)  # [2, 3, 5, 8], not contiguous
+        wide = torch.cat([p.float()], dim=-2)  # a kernel's output: the cache
+        return wide, torch.matmul(wide.to(torch.bfloat16), w)  # expand, view, bmm
+
+    x = torch.randn(2, 5, 3, 8).to(BF16).to(DEVICE)
+    w = torch.randn(2, 3, 8, 4).to(BF16).to(DEVICE)
+    fb = FuserBackend(strict=True, check=check)
+    got = torch.compile(fn, backend=fb, dynamic=False)(x, w)
+    for a, b in zip(got, fn(x, w)):
+        torch.testing.assert_close(a, b)

@@ -10,7 +10,6 @@ strides.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -128,17 +127,26 @@ def drop_empty_pieces(graph: fx.Graph) -> int:
         dropped = [t for t in n.args[0] if t not in keep]
         if not dropped or not keep:
             continue
-        # ATen promotes over every piece, empty or not: an empty one that widens the
-        # dtype stays
-        dtype = functools.reduce(torch.promote_types, [meta_of(t).dtype for t in keep])
-        if dtype != meta_of(n).dtype:
-            continue
+        # ATen promotes over every piece, empty or not: where an empty one widens the
+        # dtype (transformers' KV cache under autocast: an fp32 empty past, made from the
+        # rotary embedding's fp32 keys, before bf16 values), the others are cast to it
+        dtype = meta_of(n).dtype
+        with graph.inserting_before(n):
+            keep = [_cast_to(graph, t, dtype) for t in keep]
         n.args = (keep, *n.args[1:])
         changed += 1
         for t in dropped:
             if not t.users and t.target is aten.lift_fresh_copy.default:
                 graph.erase_node(t)
     return changed
+
+
+def _cast_to(graph: fx.Graph, t: fx.Node, dtype: torch.dtype) -> fx.Node:
+    if meta_of(t).dtype == dtype:
+        return t
+    c = graph.call_function(aten._to_copy.default, (t,), {"dtype": dtype})
+    c.meta["val"] = meta_of(t).to(dtype)
+    return c
 
 
 @register(aten.cat.default)

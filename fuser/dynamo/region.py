@@ -307,7 +307,9 @@ class FusedRegion(torch.nn.Module):
             t = outs[k] if kind == "fd" else args[k]
             # an output must never alias an input or another output: the graph is functional
             if kind == "in" or k in seen or t.untyped_storage().data_ptr() in storages:
-                t = t.clone()
+                # contiguous where ATen's strides are (stride None): the value may be an
+                # input in another layout (a cast there and back, simplified away)
+                t = t.clone(memory_format=torch.contiguous_format) if stride is None else t.clone()
             if kind == "fd":
                 seen.add(k)
             if stride is not None:

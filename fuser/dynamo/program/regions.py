@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import fx
 
 from fuser.backends.registry import get_backend
@@ -201,7 +202,12 @@ def _output_steps(
             claimed |= roots[vid]
         else:
             src, cloned = inputs[j], True
-        lines = [f"{node.name} = {src}.clone()"] if cloned else []
+        # a clone keeps its source's strides; where ATen's are the contiguous ones
+        # (layout None) and the source is an input in another layout (a cast there and
+        # back, simplified away), the clone is made contiguous
+        fmt = b.names.bind(torch.contiguous_format, "contiguous_format")
+        how = f"memory_format={fmt}" if layout is None else ""
+        lines = [f"{node.name} = {src}.clone({how})"] if cloned else []
         if cloned and layout is None:
             _note_clone(node, src, b)
         if layout is not None:
