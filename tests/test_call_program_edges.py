@@ -99,13 +99,14 @@ def test_a_call_under_another_backend_goes_the_old_way(monkeypatch):
 
     backend = FuserBackend(strict=True)
     compiled = torch.compile(f, backend=backend, dynamic=False)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU tensors run only without a GPU
     for _ in range(2):
-        compiled(torch.randn(5, 6))
+        compiled(torch.randn(5, 6, device=dev))
     (program,) = _programs(backend)
     assert program.fn is not None and program.calls == 1
     (record,) = backend.captures[0].graphs[0].regions
     monkeypatch.setattr(config, "backend", "cuda")
-    x = torch.randn(5, 6)
+    x = torch.randn(5, 6, device=dev)
     torch.testing.assert_close(compiled(x), f(x))
     assert program.calls == 1 and program.declined == 1
     assert "cuda" in {k.backend for k in record.fd._runtime().last.kernels.values()}

@@ -139,6 +139,16 @@ def test_categories_by_launcher():
     assert cat("triton_poi_fused__to_copy_view_4") == COPIES
     assert cat("fx_1_k0", fused={"copy_only": False}) == FUSED
     assert cat("fx_1_k0", fused={"copy_only": True}) == COPIES
+
+    # the compiler's own kernels (coverage's second measure): fuser's and Inductor's,
+    # copies included; ATen's kernels, memsets and Inductor's GEMM templates are not
+    def own(name: str, *ancestors: str, fused: dict | None = None, kind: str = "kernel") -> bool:
+        return classify.generated(kernel(name, *ancestors, kind=kind), fused)
+
+    assert own("fx_1_k0", fused={"copy_only": True}) and own("cast_group_8", step)
+    assert own("scatter_sorted") and own("triton_poi_fused__to_copy_view_4")
+    assert not own("elementwise_kernel", "aten::copy_") and not own("Memset", kind="memset")
+    assert not own("triton_tem_fused_mm_0") and not own("nvjet_sm90_tst_256x128")
     # a trace with no CPU events: the kernel's name alone
     assert cat("nvjet_sm90_tst_256x128") == GEMM
     assert cat("cudnn_generated_fort_native_sdpa_sm90_flash") == ATTENTION

@@ -57,3 +57,27 @@ def test_residual_norm_at_batch_one(lead: tuple[int, ...]) -> None:
     assert "ATen fallback" not in text, text
     forward = fb.captures[0].graphs[0]
     assert len(forward.kernels) == 1, text
+
+
+def _run(fn, args: list[torch.Tensor]) -> str:  # noqa: ANN001
+    fb = FuserBackend(strict=True, check=True)
+    got = torch.compile(fn, backend=fb, dynamic=False)(*args)
+    torch.testing.assert_close(got, fn(*args))
+    return explain(fb)
+
+
+def test_a_row_value_without_the_domains_unit_dims() -> None:
+    """[T] per query, broadcast over a [1, 1, T, T] score tile at batch 1 (GPT-J's, BLOOM's
+    and MPT's masks): a row value whose dims other than 1s are the domain's row dims."""
+    t = 9
+    s, bias = rand(1, 1, t, t, seed=4), rand(t, seed=5)
+    text = _run(lambda a, b: torch.softmax(a + b[:, None], -1), [s, bias])
+    assert "ATen fallback" not in text, text
+
+
+def test_a_column_value_with_fewer_unit_dims() -> None:
+    """[1, C] over a [1, 1, C] domain (Mixtral's router at one token): a column value."""
+    c = 24
+    x, w = rand(1, 1, c, seed=6), rand(1, c, seed=7)
+    text = _run(lambda a, b: (a * b).sum(-1, keepdim=True) * a, [x, w])
+    assert "ATen fallback" not in text, text

@@ -220,7 +220,10 @@ def rows_of(steps: list[StepEvents], regions: dict[str, dict]) -> tuple[list[Row
             info.append((a, t, cat, fused, region, lab.label(a, fused, region_label)))
         values = _values(info)
         for a, t, cat, _, region, label in info:
-            row = rows.setdefault((cat, label), Row(cat, label, _short(a.name)))
+            row = rows.setdefault(
+                (cat, label),
+                Row(cat, label, _short(a.name), generated=classify.generated(a, fused)),
+            )
             row.calls += 1
             if t is not None:
                 row.ms = (row.ms or 0.0) + t / 1e3

@@ -186,6 +186,16 @@ def category(a: Activity, fused: dict | None) -> str:
     return _by_name(a.name)
 
 
+def generated(a: Activity, fused: dict | None) -> bool:
+    """Whether the compiler wrote this kernel: a fuser region's, one fuser launches
+    outside regions, or one of Inductor's (its kernel names list the ops it fused)."""
+    if a.kind in ("memcpy", "memset"):
+        return False
+    if fused is not None or FUSER_CASTS.match(a.name) or FUSER_KERNELS.match(a.name):
+        return True
+    return inductor_ops(a.name) is not None and not a.name.startswith("triton_tem_")
+
+
 # kernels fuser launches outside a fused region (no region entry): its cast groups
 # (runtime/cast_group.py), scatter-adds (codegen/triton/scatter.py) and the in-place
 # scale of a cross-entropy gradient (dynamo/ce_scale.py)

@@ -88,6 +88,22 @@ def _shape_kinds(shape: tuple[int, ...], domain: tuple[int, ...]) -> set[Kind]:
     return out
 
 
+def _unit_dims_aside(shape: tuple[int, ...], kind: Kind, domain: tuple[int, ...]) -> bool:
+    """Whether an op that makes `shape` a `kind` value (a broadcast's operand) may: a row
+    value whose dims other than 1s are the domain's row dims ([16] in [1, 1, 16, 16]: a
+    mask's row at batch 1), a column value of 1s and the domain's columns ([1, 16] in
+    [1, 1, 16]). Both are read as view_2d reads them (runtime/specs.py): the rows through
+    the dims other than 1s, the columns through the last. Only where the op says which
+    kind: by its shape alone, [1, 16] in [16, 16] would look like a row."""
+    if not domain:
+        return False
+    if kind == Kind.ROW:
+        return bool(_rows(shape)) and _rows(shape) == _rows(domain[:-1])
+    if kind == Kind.COL:
+        return bool(shape) and shape[-1] == domain[-1] and all(d == 1 for d in shape[:-1])
+    return False
+
+
 def _broadcast_source_kind(node: Node, domain: tuple[int, ...]) -> Kind:
     """The kind of a broadcast's operand, read off which output dims it maps to."""
     x, bdims = node.inputs[0], node.attr("broadcast_dims")
@@ -131,7 +147,12 @@ def classify(nodes: list[Node]) -> Layout:
     n = len(domain)
 
     def assign(v: Value, k: Kind, why: Node) -> None:
-        if k not in _shape_kinds(tuple(v.shape), domain) and not (k == Kind.SCALAR and v.rank == 0):
+        shape = tuple(v.shape)
+        if (
+            k not in _shape_kinds(shape, domain)
+            and not _unit_dims_aside(shape, k, domain)
+            and not (k == Kind.SCALAR and v.rank == 0)
+        ):
             raise Rejected(
                 f"{v.name} of shape {list(v.shape)} cannot be {k.value} in {list(domain)}"
             )

@@ -20,6 +20,7 @@ def profiled(step: Callable[[], object], res: Result, out: Path) -> None:
     res.gpu_ms = dict(prof.categories)
     cov = prof.coverage()
     res.gpu_coverage = cov["share"] if cov else float("nan")
+    res.own_coverage = cov["own_share"] if cov else float("nan")
     folder = out / f"{res.model}-{res.impl}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "profile.txt").write_text(str(prof.table(top=30)) + "\n")

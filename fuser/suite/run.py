@@ -77,6 +77,8 @@ class Result:
     # coverage by GPU time (StepProfile.coverage)
     gpu_ms: dict[str, float | None] = field(default_factory=dict)
     gpu_coverage: float = float("nan")
+    # the same time's share in the compiler's own kernels, its copy and cast kernels too
+    own_coverage: float = float("nan")
     error: str = ""
 
     @property
