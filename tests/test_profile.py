@@ -213,6 +213,12 @@ def test_profile_api_on_cpu(tmp_path):
     gemm = [r for r in p.rows if r.category == GEMM]
     assert all(r.flops for r in gemm), [(r.label, r.flops) for r in gemm]
     assert not any(r.label.startswith(("aten::view", "aten::t ")) for r in p.rows)
+    # each row knows whether the compiler wrote its kernel (each activity's own region
+    # entry: a leftover of the loop before marked a row by its neighbour's)
+    assert all(r.generated for r in fused)
+    assert not any(r.generated for r in gemm) and not any(
+        r.generated for r in p.rows if r.label.startswith("aten::")
+    )
     text = p.table(top=None)
     assert "structure only" in text and "h.0.ln_1" in text
     for name in ("profile-fuser.json", "table-fuser.txt", "step-budget.png", "run-fuser.json.gz"):
@@ -386,6 +392,8 @@ def test_coverage_by_gpu_time(gpu_like):
         assert cov["memory_bound_ms"] < p.budget["window_ms"] - c[GEMM] - c[ATTENTION] + 1e-9
         assert f"fused-op coverage {cov['share']:.0%}" in p.table()
         assert p.to_json()["coverage"] == cov
+        own = c[FUSED] + sum(r.ms or 0 for r in p.rows if r.category == COPIES and r.generated)
+        assert cov["own_ms"] == pytest.approx(own) and cov["own_share"] >= cov["share"]
     assert analyse("x", [], {}, env={"device": "?"}, timing={}).coverage() is None
 
 

@@ -81,6 +81,11 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
     lines += [f"  {note}" for note in record.attention]
     lines += [f"  {note}" for note in record.scatters]
     lines += [f"  sum {note}" for note in record.middle_sums]
+    if record.duplicates or record.casts_moved:
+        lines.append(
+            f"  tidied: {record.duplicates} repeated ATen call(s) merged, "
+            f"{record.casts_moved} cast(s) of a view moved before the view"
+        )
     lines += [f"  {note}" for note in record.gemm]
     if record.kind == "forward" and record.module is not None:
         lines.append("  " + saved_summary(saved_for_backward(record.module)))

@@ -49,6 +49,7 @@ from fuser.dynamo.support import (
     op_name,
     try_lower,
 )
+from fuser.dynamo.tidy import casts_before_views, dedupe
 from fuser.dynamo.views import sink_row_views
 from fuser.errors import FuserError
 
@@ -76,6 +77,8 @@ class GraphRecord:
     fallbacks: list[Fallback] = field(default_factory=list)
     compile_seconds: float = 0.0
     views_moved: int = 0  # row views taken out from between fusible ops (views.py)
+    duplicates: int = 0  # repeated pure ATen calls replaced by the first (tidy.py)
+    casts_moved: int = 0  # casts of transposed or reshaped views moved before them (tidy.py)
     matmuls_padded: list[str] = field(default_factory=list)  # pad_mm.py's notes
     attention: list[str] = field(default_factory=list)  # attention.py's choices
     scatters: list[str] = field(default_factory=list)  # indexing.py's scatter-adds
@@ -405,9 +408,9 @@ def _aten_graph(
 def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
     """The first stage: a copy of gm (gm stays the ATen fallback) with its chosen matmul
     chains made GEMM template calls, its unaligned matmuls padded, its chosen attentions
-    made template calls, its scatter-adds calls of fuser's scatter kernel, its sums over
-    a few middle elements adds of views, and its row views moved out from between
-    fusible ops."""
+    made template calls, its scatter-adds calls of fuser's scatter kernel, its repeated
+    pure calls merged, its casts of views moved before them, its sums over a few middle
+    elements adds of views, and its row views moved out from between fusible ops."""
     work = draft_module(gm)  # read as a graph from here on: rewrite() makes the module
     scale_saved_gradient_in_place(work)
     record.gemm = lower_gemm(work)  # before padding: a template call needs none
@@ -416,6 +419,8 @@ def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
     record.attention = causal_masks(work) + lower_attention(work)
     record.scatters = lower_scatters(work)
     drop_empty_pieces(work.graph)  # a KV cache's first cat: a copy of its one piece
+    record.duplicates = dedupe(work.graph)  # SDPA's math backward casts a tensor twice
+    record.casts_moved = casts_before_views(work.graph)  # ... and casts transposed views
     record.middle_sums = split_middle_sums(work.graph)  # GQA's gradient over shared heads
     record.views_moved = sink_row_views(work.graph)
     return work

@@ -306,7 +306,9 @@ class FusedRegion(torch.nn.Module):
         for (kind, k), stride in zip(self.slots, self.layouts):
             t = outs[k] if kind == "fd" else args[k]
             # an output must never alias an input or another output: the graph is functional
-            if kind == "in" or k in seen or t.untyped_storage().data_ptr() in storages:
+            # (two fusion outputs may be one value, computed once: the same tensor)
+            ptr = t.untyped_storage().data_ptr()
+            if kind == "in" or k in seen or ptr in storages:
                 # contiguous where ATen's strides are (stride None): the value may be an
                 # input in another layout (a cast there and back, simplified away)
                 t = t.clone(memory_format=torch.contiguous_format) if stride is None else t.clone()
@@ -314,6 +316,7 @@ class FusedRegion(torch.nn.Module):
                 seen.add(k)
             if stride is not None:
                 t = restride(t, stride)
+            storages.add(t.untyped_storage().data_ptr())
             result.append(t)
         return tuple(result)
 

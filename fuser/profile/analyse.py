@@ -219,7 +219,7 @@ def rows_of(steps: list[StepEvents], regions: dict[str, dict]) -> tuple[list[Row
             cat = classify.category(a, fused)
             info.append((a, t, cat, fused, region, lab.label(a, fused, region_label)))
         values = _values(info)
-        for a, t, cat, _, region, label in info:
+        for a, t, cat, fused, region, label in info:
             row = rows.setdefault(
                 (cat, label),
                 Row(cat, label, _short(a.name), generated=classify.generated(a, fused)),

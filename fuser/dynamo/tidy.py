@@ -1,0 +1,139 @@
+"""Two rewrites of the ATen graph before partitioning: casts before views, and duplicates.
+
+SDPA's math path (BERT's, ViT's and T5's attention on a GPU, where a mask or a bias rules
+the fused kernels out) casts transposed views in its backward: `_to_copy(transpose(p))`,
+the fp32 probabilities cast to bf16 for a bmm. Alone in a region, such a cast reads and
+writes across the transposed dims, at about half the bandwidth of a copy. A cast commutes
+with a view that keeps every element where it is (transpose, permute, t, view), so it is
+moved before it: the cast reads and writes the source in its own order, and the view,
+now of the cast's result, stays a free ATen view (the bmm takes a transposed operand as
+it is). The result has the same shape, dtype and strides as before.
+
+The same backward casts one tensor twice for two bmms. ATen ops that are functional and
+not random give equal results for equal arguments: a second call is replaced by the
+first (never where a graph output would then appear twice: outputs must not alias; never
+a view, which costs nothing twice).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from fuser.dynamo.support import try_lower
+
+aten = torch.ops.aten
+# views that keep every element (no slicing, no broadcasting): a cast commutes with them
+_KEEPING_VIEWS = (
+    aten.transpose.int,
+    aten.permute.default,
+    aten.t.default,
+    aten.view.default,
+    aten._unsafe_view.default,
+)
+_CAST_KWARGS = {"dtype", "layout", "device"}
+
+
+def _val(n: Any) -> Any:
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def _movable_cast(n: fx.Node) -> bool:
+    """A dtype cast of a view that keeps every element, nothing else asked of it."""
+    if n.op != "call_function" or n.target is not aten._to_copy.default or len(n.args) != 1:
+        return False
+    if set(n.kwargs) - _CAST_KWARGS or n.kwargs.get("layout") not in (None, torch.strided):
+        return False
+    src, out = n.args[0], _val(n)
+    if not isinstance(src, fx.Node) or src.op != "call_function":
+        return False
+    if src.target not in _KEEPING_VIEWS or not isinstance(src.args[0], fx.Node):
+        return False
+    x = _val(src.args[0])
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    return x.device == out.device and all(isinstance(s, int) for s in x.shape)
+
+
+def casts_before_views(graph: fx.Graph) -> int:
+    """Move each cast of a keeping view before the view (see the module's doc), where
+    nothing the cast feeds fuses (a bmm, an output): the cast is a region of its own
+    either way. Where a user fuses, the cast stays with it, and the view, before the
+    region, stays out of it. Returns how many moved."""
+    moved, changed = 0, True
+    while changed:  # a view of a view: the cast moves again
+        changed = False
+        for n in list(graph.nodes):
+            if not _movable_cast(n) or any(_fuses(u) for u in n.users):
+                continue
+            src = n.args[0]
+            with graph.inserting_before(n):
+                cast = graph.call_function(aten._to_copy.default, (src.args[0],), dict(n.kwargs))
+                cast.meta["val"] = aten._to_copy.default(_val(src.args[0]), **n.kwargs)
+                rest = src.args[1:]
+                view = graph.call_function(src.target, (cast, *rest), dict(src.kwargs))
+                view.meta["val"] = src.target(_val(cast), *rest, **src.kwargs)
+            a, b = _val(view), _val(n)
+            if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
+                graph.erase_node(view)  # not the same layout: leave it as it was
+                graph.erase_node(cast)
+                continue
+            n.replace_all_uses_with(view)
+            graph.erase_node(n)
+            if not src.users:
+                graph.erase_node(src)
+            moved += 1
+            changed = True
+    return moved
+
+
+def _fuses(n: fx.Node) -> bool:
+    """Whether fuser lowers `n` (a view counts: it may carry the cast on to what fuses)."""
+    return n.op == "call_function" and try_lower(n) is None
+
+
+def _pure(n: fx.Node) -> bool:
+    t = n.target
+    if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
+        return False
+    if t._schema.is_mutable or torch.Tag.nondeterministic_seeded in t.tags:
+        return False
+    # views cost nothing twice, and pad_mm.py makes two of the padded logits on purpose
+    return not any(r.alias_info is not None for r in t._schema.returns)
+
+
+def _frozen(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return tuple(_frozen(v) for v in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in x.items()))
+    hash(x)  # raises for what cannot be a key
+    return x
+
+
+def _output(n: fx.Node) -> bool:
+    return any(u.op == "output" for u in n.users)
+
+
+def dedupe(graph: fx.Graph) -> int:
+    """Replace each repeated call of a pure ATen op by its first. Returns how many went."""
+    seen: dict[Any, fx.Node] = {}
+    gone = 0
+    for n in list(graph.nodes):
+        if not _pure(n):
+            continue
+        try:
+            key = (n.target, _frozen(n.args), _frozen(dict(n.kwargs)))
+        except TypeError:
+            continue
+        first = seen.setdefault(key, n)
+        if first is n:
+            continue
+        if _output(n) and _output(first):  # one tensor would be two of the graph's outputs
+            continue
+        n.replace_all_uses_with(first)
+        graph.erase_node(n)
+        gone += 1
+    return gone
