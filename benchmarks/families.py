@@ -3,6 +3,7 @@
     python benchmarks/families.py                          # all ~100 families (hours on a CPU)
     python benchmarks/families.py --only mamba bart resnet # a few
     python benchmarks/families.py --only mobilevit --phases train --dtype float64
+    python benchmarks/families.py --only bloom codegen --amp  # under bf16 autocast
     python benchmarks/families.py --out benchmarks/results/<dir>   # + results.jsonl, table.md
     python benchmarks/families.py --list
     python benchmarks/families.py --render benchmarks/results/<dir>/results.jsonl  # its table
@@ -61,6 +62,9 @@ PHASES = ("train", "eval", "gen")
 TOL = {"train": 1e-3, "eval": 1e-4, "gen": 1e-4}
 GENERATES = ("decoder", "seq2seq", "whisper")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# --amp: every phase under bf16 autocast (mixed dtypes: fp32 weights and norms, bf16
+# matmuls), for eager, aot_eager and fuser alike
+AMP = {"on": False}
 
 
 def build(spec: Spec, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
@@ -241,8 +245,10 @@ def run_phase(spec: Spec, base: torch.nn.Module, phase: str, backend: str) -> di
 
     rec: dict[str, Any] = {}
     t0 = time.perf_counter()
+    amp = torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=AMP["on"])
     try:
-        rec["obs"] = OBSERVE[phase](spec, base, wrap)
+        with amp:
+            rec["obs"] = OBSERVE[phase](spec, base, wrap)
     except Exception as e:
         rec["error"] = _last_line(e)
     rec["seconds"] = round(time.perf_counter() - t0, 1)
@@ -302,7 +308,8 @@ def run_family(spec: Spec, phases: list[str], dtype: torch.dtype) -> list[dict]:
             continue
         eager = run_phase(spec, base, phase, "eager")
         noisy = run_phase(spec, _one_ulp(base), phase, "eager")
-        row: dict[str, Any] = {"family": spec.name, "phase": phase, "dtype": str(dtype)[6:]}
+        kind = str(dtype)[6:] + ("+bf16 autocast" if AMP["on"] else "")
+        row: dict[str, Any] = {"family": spec.name, "phase": phase, "dtype": kind}
         if "error" in eager:
             row.update(verdict="eager error", note=eager["error"])
             rows.append(row)
@@ -375,6 +382,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--only", nargs="+", metavar="NAME", help="families to run (default: all)")
     ap.add_argument("--phases", default=",".join(PHASES), help="comma-separated: train,eval,gen")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    ap.add_argument("--amp", action="store_true", help="every phase under bf16 autocast")
     ap.add_argument("--out", type=Path, help="a folder for results.jsonl and table.md")
     ap.add_argument("--list", action="store_true", help="print the families and exit")
     ap.add_argument("--render", type=Path, help="print the table of a results.jsonl and exit")
@@ -392,6 +400,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if any(p not in PHASES for p in phases):
         ap.error(f"--phases takes {PHASES}, not {args.phases!r}")
     specs = [BY_NAME[n] for n in args.only] if args.only else SPECS
+    AMP["on"] = args.amp
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     rows = []
