@@ -18,6 +18,7 @@ from fuser.schedulers.scatter import ScatterShape, plan_scatter
 
 aten = torch.ops.aten
 BF16 = torch.bfloat16
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU tensors run only without a GPU
 
 
 def _data(rows: int, tokens: int, cols: int, dtype: torch.dtype, seed: int, skew: bool = True):
@@ -32,14 +33,14 @@ def _data(rows: int, tokens: int, cols: int, dtype: torch.dtype, seed: int, skew
     else:
         index = torch.randint(0, rows, (tokens,), generator=g)
     index[-3:] = rows - 1  # the last row, named by the last tokens
-    return src, index
+    return src.to(DEVICE), index.to(DEVICE)
 
 
 def _assert_close(got, want, src, index, rows, dtype) -> None:
     """|got - want| within fp32 rounding of a sum of the row's run (its length n: 8 sqrt(n)
     units of 2^-24 of the sum of the |terms|), plus the output's own rounding (bf16: half
     a unit in the last place, 2^-9 relative)."""
-    mags = torch.zeros(rows, src.shape[-1], dtype=torch.float64).index_add(
+    mags = torch.zeros(rows, src.shape[-1], dtype=torch.float64, device=src.device).index_add(
         0, index.reshape(-1), src.reshape(-1, src.shape[-1]).double().abs()
     )
     longest = int(torch.bincount(index.reshape(-1), minlength=rows).max())
@@ -108,8 +109,8 @@ def test_t5_layout_int32_index_padding_and_freq():
     """T5's gradient: [q, k, heads] seen from the [heads, q, k] one (tokens stride 1,
     columns stride q * k), a 2-D int32 bucket index; padding_idx and scale_grad_by_freq."""
     g = torch.Generator().manual_seed(3)
-    grad = torch.randn(12, 48, 50, generator=g).permute(1, 2, 0)  # [48, 50, 12]
-    index = torch.randint(0, 6, (48, 50), generator=g, dtype=torch.int32)
+    grad = torch.randn(12, 48, 50, generator=g).to(DEVICE).permute(1, 2, 0)  # [48, 50, 12]
+    index = torch.randint(0, 6, (48, 50), generator=g, dtype=torch.int32).to(DEVICE)
     assert plan_for(grad, index, 6, grad.dtype).kind == "table"
     for pad, freq in ((-1, False), (2, True)):
         got = embedding_backward(grad, index, 6, pad, freq)
@@ -122,7 +123,7 @@ def test_t5_layout_int32_index_padding_and_freq():
 @pytest.mark.parametrize("how", ["table", "split", "runs"])
 def test_index_add_and_index_put_with_base(how):
     src, index = _data(5, 900, 24, torch.float32, seed=11)
-    base = torch.randn(5, 24)
+    base = torch.randn(5, 24, device=DEVICE)
     plan = plan_for(src, index, 5, torch.float32, has_base=True, how=how)
     assert plan.kind == how, plan.explain()
     got = scatter_add_rows(src, index, 5, base=base, alpha=-0.5, how=how)
@@ -171,7 +172,8 @@ def test_table_keeps_inf_and_nan_in_their_rows():
 
 @pytest.mark.parametrize("how", ["table", "split"])
 def test_empty_index(how):
-    got = scatter_add_rows(torch.randn(0, 12), torch.zeros(0, dtype=torch.long), 3, how=how)
+    empty = torch.randn(0, 12, device=DEVICE), torch.zeros(0, dtype=torch.long, device=DEVICE)
+    got = scatter_add_rows(*empty, 3, how=how)
     assert got.shape == (3, 12) and not got.any()
 
 
@@ -218,7 +220,8 @@ def test_compiled_few_row_embedding_takes_the_table():
 
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(12)
-    w0, index = torch.randn(8, 12, generator=g), torch.randint(0, 8, (40, 40), generator=g)
+    w0 = torch.randn(8, 12, generator=g).to(DEVICE)
+    index = torch.randint(0, 8, (40, 40), generator=g).to(DEVICE)
     w1, w2 = w0.clone().requires_grad_(), w0.clone().requires_grad_()
     backend = FuserBackend(strict=True)
     torch.compile(lambda w, i: F.embedding(i, w).sin().sum(), backend=backend)(w1, index).backward()
