@@ -3,7 +3,8 @@
     python benchmarks/families.py                          # all ~100 families (hours on a CPU)
     python benchmarks/families.py --only mamba bart resnet # a few
     python benchmarks/families.py --only mobilevit --phases train --dtype float64
-    python benchmarks/families.py --only bloom codegen --amp  # under bf16 autocast
+    python benchmarks/families.py --only bloom codegen --amp  # under bf16 autocast: the
+        # noise is then eager's own distance from its fp32 step
     python benchmarks/families.py --out benchmarks/results/<dir>   # + results.jsonl, table.md
     python benchmarks/families.py --list
     python benchmarks/families.py --render benchmarks/results/<dir>/results.jsonl  # its table
@@ -23,7 +24,8 @@ phases from the same weights and inputs:
 Eager is the reference. aot_eager (Dynamo and AOTAutograd, no compiler) shows what capture
 alone does: a failure it shares is not fuser's (a Dynamo error, a model whose output
 depends on ties). "1-ulp noise" is eager's own error when every weight moves by one
-rounding step: how far rounding alone can move this model. A phase passes within 1e-3
+rounding step: how far rounding alone can move this model (with --amp, bf16 autocast on
+every phase: eager's distance from its own fp32 run). A phase passes within 1e-3
 (train) or 1e-4 (eval, gen); beyond that, within twice the noise plus a tenth of the
 tolerance is "ok~" (rounding; --dtype float64 then shows whether fuser matches), and
 within twice aot_eager's error "as aot_eager" (Dynamo or transformers' compiled path
@@ -231,7 +233,9 @@ def _last_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:160] if lines else ''}"
 
 
-def run_phase(spec: Spec, base: torch.nn.Module, phase: str, backend: str) -> dict:
+def run_phase(
+    spec: Spec, base: torch.nn.Module, phase: str, backend: str, amp: bool | None = None
+) -> dict:
     """One phase with one backend ("eager", "aot_eager" or "fuser"): its observables or
     its error, and for the compiled backends what Dynamo captured."""
     from torch._dynamo.utils import counters
@@ -245,9 +249,11 @@ def run_phase(spec: Spec, base: torch.nn.Module, phase: str, backend: str) -> di
 
     rec: dict[str, Any] = {}
     t0 = time.perf_counter()
-    amp = torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=AMP["on"])
+    autocast = torch.autocast(
+        DEVICE, dtype=torch.bfloat16, enabled=AMP["on"] if amp is None else amp
+    )
     try:
-        with amp:
+        with autocast:
             rec["obs"] = OBSERVE[phase](spec, base, wrap)
     except Exception as e:
         rec["error"] = _last_line(e)
@@ -307,7 +313,13 @@ def run_family(spec: Spec, phases: list[str], dtype: torch.dtype) -> list[dict]:
         if phase == "gen" and spec.kind not in GENERATES:
             continue
         eager = run_phase(spec, base, phase, "eager")
-        noisy = run_phase(spec, _one_ulp(base), phase, "eager")
+        # the noise: how far rounding alone moves eager. In fp32, one rounding step of
+        # every weight; under autocast, bf16 itself: eager's distance from fp32 eager
+        noisy = (
+            run_phase(spec, base, phase, "eager", amp=False)
+            if AMP["on"]
+            else run_phase(spec, _one_ulp(base), phase, "eager")
+        )
         kind = str(dtype)[6:] + ("+bf16 autocast" if AMP["on"] else "")
         row: dict[str, Any] = {"family": spec.name, "phase": phase, "dtype": kind}
         if "error" in eager:
