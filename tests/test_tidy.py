@@ -102,3 +102,19 @@ def test_two_outputs_never_become_one_tensor(shared: bool) -> None:
         assert a.data_ptr() != b.data_ptr()
         a.add_(1)
         assert not torch.equal(a, b)
+
+
+def test_two_clones_that_reach_outputs_through_a_view_stay_two() -> None:
+    """`y.reshape(2, -1)` of a channels-last y is a clone and an `_unsafe_view` of it (a
+    view whose schema does not say so); `y.contiguous()` is the same clone. Both reach the
+    outputs, so they are not merged: the two outputs share no storage."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = (x * 2).relu()
+        return y.reshape(2, -1), y.contiguous()
+
+    x = rand(2, 3, 4, 5, seed=9).to(memory_format=torch.channels_last)
+    fb = FuserBackend(strict=True)
+    a, b = torch.compile(fn, backend=fb, dynamic=False)(x)
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    assert records(fb)[0].duplicates == 0

@@ -11,8 +11,8 @@ it is). The result has the same shape, dtype and strides as before.
 
 The same backward casts one tensor twice for two bmms. ATen ops that are functional and
 not random give equal results for equal arguments: a second call is replaced by the
-first (never where a graph output would then appear twice: outputs must not alias; never
-a view, which costs nothing twice).
+first (never where two graph outputs would then share storage, directly or through
+views: outputs must not alias; never a view, which costs nothing twice).
 """
 
 from __future__ import annotations
@@ -96,14 +96,22 @@ def _aten_only(n: fx.Node) -> bool:
     return n.op == "call_function" and try_lower(n) is not None
 
 
+def _is_view(t: Any) -> bool:
+    """A view op (its result shares its input's storage); `_unsafe_view`'s schema does not
+    say so, yet it is one."""
+    if t is aten._unsafe_view.default:
+        return True
+    return isinstance(t, torch._ops.OpOverload) and any(
+        r.alias_info is not None for r in t._schema.returns
+    )
+
+
 def _pure(n: fx.Node) -> bool:
     t = n.target
-    if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
-        return False
-    if t._schema.is_mutable or torch.Tag.nondeterministic_seeded in t.tags:
+    if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or _is_view(t):
         return False
     # views cost nothing twice, and pad_mm.py makes two of the padded logits on purpose
-    return not any(r.alias_info is not None for r in t._schema.returns)
+    return not t._schema.is_mutable and torch.Tag.nondeterministic_seeded not in t.tags
 
 
 def _frozen(x: Any) -> Any:
@@ -115,13 +123,26 @@ def _frozen(x: Any) -> Any:
     return x
 
 
-def _output(n: fx.Node) -> bool:
-    return any(u.op == "output" for u in n.users)
+def _escaping(graph: fx.Graph) -> set[fx.Node]:
+    """The nodes whose storage a graph output holds: the outputs and, through views, what
+    they view (y.reshape(...) of a channels-last y is a clone, then a view of it)."""
+    out = next(n for n in graph.nodes if n.op == "output")
+    seen: set[fx.Node] = set()
+    stack = list(out.all_input_nodes)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "call_function" and _is_view(n.target):
+            stack += n.all_input_nodes
+    return seen
 
 
 def dedupe(graph: fx.Graph) -> int:
     """Replace each repeated call of a pure ATen op by its first. Returns how many went."""
     seen: dict[Any, fx.Node] = {}
+    escaping = _escaping(graph)
     gone = 0
     for n in list(graph.nodes):
         if not _pure(n):
@@ -133,9 +154,11 @@ def dedupe(graph: fx.Graph) -> int:
         first = seen.setdefault(key, n)
         if first is n:
             continue
-        if _output(n) and _output(first):  # one tensor would be two of the graph's outputs
+        if n in escaping and first in escaping:  # two outputs would share one storage
             continue
         n.replace_all_uses_with(first)
         graph.erase_node(n)
         gone += 1
+        if first not in escaping and n in escaping:
+            escaping = _escaping(graph)
     return gone
