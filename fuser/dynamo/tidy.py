@@ -62,30 +62,37 @@ def casts_before_views(graph: fx.Graph) -> int:
     only ATen calls fuser does not lower read the cast (a bmm): the cast is a region of
     its own either way. Where a user fuses, the cast stays with it, and the view, before
     the region, stays out of it. Returns how many moved."""
-    moved, changed = 0, True
-    while changed:  # a view of a view: the cast moves again
-        changed = False
-        for n in list(graph.nodes):
-            if not _movable_cast(n) or not all(_aten_only(u) for u in n.users):
-                continue
-            src = n.args[0]
-            with graph.inserting_before(n):
-                cast = graph.call_function(aten._to_copy.default, (src.args[0],), dict(n.kwargs))
-                cast.meta["val"] = aten._to_copy.default(_val(src.args[0]), **n.kwargs)
-                rest = src.args[1:]
-                view = graph.call_function(src.target, (cast, *rest), dict(src.kwargs))
-                view.meta["val"] = src.target(_val(cast), *rest, **src.kwargs)
-            a, b = _val(view), _val(n)
-            if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
-                graph.erase_node(view)  # not the same layout: leave it as it was
-                graph.erase_node(cast)
-                continue
-            n.replace_all_uses_with(view)
-            graph.erase_node(n)
-            if not src.users:
-                graph.erase_node(src)
-            moved += 1
-            changed = True
+    moved, before = 0, -1
+    while moved != before:  # a view of a view: the cast, now before one, moves again
+        before = moved
+        moved += _move_casts(graph)
+    return moved
+
+
+def _move_casts(graph: fx.Graph) -> int:
+    moved = 0
+    for n in list(graph.nodes):
+        if not _movable_cast(n) or not all(_aten_only(u) for u in n.users):
+            continue
+        src, rest = n.args[0], n.args[0].args[1:]
+        try:  # the metas first: a view the cast's layout cannot take is left as it was
+            cast_val = aten._to_copy.default(_val(src.args[0]), **n.kwargs)
+            view_val = src.target(cast_val, *rest, **src.kwargs)
+        except (RuntimeError, ValueError):
+            continue
+        b = _val(n)
+        if view_val.shape != b.shape or view_val.stride() != b.stride():
+            continue  # not the same layout as before
+        with graph.inserting_before(n):
+            cast = graph.call_function(aten._to_copy.default, (src.args[0],), dict(n.kwargs))
+            cast.meta["val"] = cast_val
+            view = graph.call_function(src.target, (cast, *rest), dict(src.kwargs))
+            view.meta["val"] = view_val
+        n.replace_all_uses_with(view)
+        graph.erase_node(n)
+        if not src.users:
+            graph.erase_node(src)
+        moved += 1
     return moved
 
 
