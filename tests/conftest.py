@@ -63,6 +63,15 @@ def pad_every_matmul(monkeypatch: pytest.MonkeyPatch) -> None:
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches cleared before and after the test: each torch.compile in it
+    captures anew (a module's `pytestmark = pytest.mark.usefixtures("fresh_dynamo")`)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture(autouse=True)
 def no_plan_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plans are made afresh in tests (runtime/plan_cache.py): tests change planning

@@ -20,12 +20,7 @@ from fuser.dynamo.middle_sums import MAX_TERMS
 F32, BF16 = torch.float32, torch.bfloat16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # conftest.py
 
 
 def rand(*shape: int, dtype: torch.dtype = F32, seed: int = 0) -> torch.Tensor:

@@ -16,12 +16,7 @@ from fuser.dynamo.explain import explain
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # conftest.py
 
 
 def rand(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

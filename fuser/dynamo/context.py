@@ -65,6 +65,21 @@ def meta_of(node: fx.Node) -> Any:
     return val
 
 
+def value_of(n: Any) -> Any:
+    """`n`'s recorded fake tensor, or None (an argument that is not a node, or no record):
+    for the graph rewrites, which look before they act."""
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def call_with_value(graph: fx.Graph, target: Any, args: tuple, kwargs: dict | None = None) -> Any:
+    """A new call of `target` in `graph` at its insertion point, its fake value worked out
+    from its arguments' (the graph rewrites' new nodes carry values as AOTAutograd's do)."""
+    kwargs = kwargs or {}
+    n = graph.call_function(target, args, kwargs)
+    n.meta["val"] = target(*[value_of(a) if isinstance(a, fx.Node) else a for a in args], **kwargs)
+    return n
+
+
 def static_shape(t: torch.Tensor, what: str) -> list[int]:
     shape = list(t.shape)
     if not all(isinstance(s, int) for s in shape):

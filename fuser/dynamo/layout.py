@@ -20,6 +20,7 @@ from fuser.dynamo.context import (
     LowerCtx,
     NotLowerable,
     arg,
+    call_with_value,
     meta_of,
     out_meta,
     register,
@@ -144,9 +145,7 @@ def drop_empty_pieces(graph: fx.Graph) -> int:
 def _cast_to(graph: fx.Graph, t: fx.Node, dtype: torch.dtype) -> fx.Node:
     if meta_of(t).dtype == dtype:
         return t
-    c = graph.call_function(aten._to_copy.default, (t,), {"dtype": dtype})
-    c.meta["val"] = meta_of(t).to(dtype)
-    return c
+    return call_with_value(graph, aten._to_copy.default, (t,), {"dtype": dtype})
 
 
 @register(aten.cat.default)

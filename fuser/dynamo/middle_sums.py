@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
 
 import torch
 from torch import fx
 
-from fuser.dynamo.context import arg
+from fuser.dynamo.context import arg, call_with_value, value_of
 from fuser.dynamo.reductions import reduce_dims
 
 aten = torch.ops.aten
@@ -37,45 +36,30 @@ _SUMS = (aten.sum.dim_IntList, aten.mean.dim)
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _val(n: Any) -> Any:
-    return n.meta.get("val") if isinstance(n, fx.Node) else None
-
-
-def _middle(node: fx.Node) -> list[int] | None:
-    """The reduced dims of `node` if it is a floating sum or mean over dims that neither
-    include the last dim nor are all the leading dims, holding 2..MAX_TERMS elements."""
+def _reduced(node: fx.Node) -> tuple[torch.Tensor, list[int]] | None:
+    """(input value, reduced dims) of a floating sum or mean of a rank-3+ input with static
+    sizes that reduces neither its last dim nor all its leading dims (those fuse as they
+    are); None for any other node."""
     if node.op != "call_function" or node.target not in _SUMS:
         return None
-    x, out = _val(node.args[0]), _val(node)
+    x, out = value_of(node.args[0]), value_of(node)
     if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
         return None
     if not x.dtype.is_floating_point or not out.dtype.is_floating_point or x.dim() < 3:
         return None
-    if not all(isinstance(s, int) for s in x.shape):  # symbolic sizes
+    if not all(isinstance(s, int) for s in x.shape) or x.numel() == 0:  # symbolic, empty
         return None
     dims = reduce_dims(x.dim(), arg(node, 1, "dim"))
-    if not dims or x.dim() - 1 in dims or dims == list(range(len(dims))):
-        return None  # a row, or leading dims (_leading)
-    terms = math.prod(x.shape[d] for d in dims)
-    return dims if 2 <= terms <= MAX_TERMS else None
+    if not dims or x.dim() - 1 in dims or dims == list(range(x.dim() - 1)):
+        return None
+    return x, dims
 
 
-def _leading(node: fx.Node) -> int:
-    """k where `node` is a floating sum or mean over the first k dims of its input, some
-    leading dims but not all (the position-embedding gradient: [B, T, C] -> [T, C]), whose
-    input views as [those dims' elements, the rest]; 0 for any other node."""
-    if node.op != "call_function" or node.target not in _SUMS:
-        return 0
-    x, out = _val(node.args[0]), _val(node)
-    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
-        return 0
-    if not x.dtype.is_floating_point or not out.dtype.is_floating_point or x.dim() < 3:
-        return 0
-    if not all(isinstance(s, int) for s in x.shape) or x.numel() == 0:
-        return 0
-    dims = reduce_dims(x.dim(), arg(node, 1, "dim"))
+def _leading(x: torch.Tensor, dims: list[int]) -> int:
+    """k where `dims` are x's first k dims (the position-embedding gradient: [B, T, C] ->
+    [T, C]) and x views as [those dims' elements, the rest]; 0 otherwise."""
     k = len(dims)
-    if not dims or dims != list(range(k)) or k >= x.dim() - 1:
+    if dims != list(range(k)):
         return 0
     try:
         x.view(math.prod(x.shape[:k]), -1)
@@ -84,36 +68,35 @@ def _leading(node: fx.Node) -> int:
     return k
 
 
-def _call(graph: fx.Graph, target: Any, args: tuple, kwargs: dict | None = None) -> fx.Node:
-    kwargs = kwargs or {}
-    n = graph.call_function(target, args, kwargs)
-    n.meta["val"] = target(*[_val(a) if isinstance(a, fx.Node) else a for a in args], **kwargs)
-    return n
+def _middle(x: torch.Tensor, dims: list[int]) -> bool:
+    """Whether `dims`, not x's first ones, hold 2..MAX_TERMS elements."""
+    terms = math.prod(x.shape[d] for d in dims)
+    return dims != list(range(len(dims))) and 2 <= terms <= MAX_TERMS
 
 
 def _cast(graph: fx.Graph, x: fx.Node, dtype: torch.dtype) -> fx.Node:
-    if _val(x).dtype == dtype:
+    if value_of(x).dtype == dtype:
         return x
-    return _call(graph, aten._to_copy.default, (x,), {"dtype": dtype})
+    return call_with_value(graph, aten._to_copy.default, (x,), {"dtype": dtype})
 
 
 def _expand(graph: fx.Graph, node: fx.Node, dims: list[int]) -> fx.Node:
     """node's sum as adds of its slices, in the node's output dtype, without its
     reduced dims (keepdim or not)."""
     x = node.args[0]
-    out = _val(node)
+    out = value_of(node)
     acc = torch.float32 if out.dtype in _HALF else out.dtype
-    sizes = [_val(x).shape[d] for d in dims]
+    sizes = [value_of(x).shape[d] for d in dims]
     total = None
     for index in itertools.product(*(range(s) for s in sizes)):
         piece = x
         for d, i in sorted(zip(dims, index), reverse=True):  # the later dims first
-            piece = _call(graph, aten.select.int, (piece, d, i))
+            piece = call_with_value(graph, aten.select.int, (piece, d, i))
         piece = _cast(graph, piece, acc)
-        total = piece if total is None else _call(graph, aten.add.Tensor, (total, piece))
+        total = piece if total is None else call_with_value(graph, aten.add.Tensor, (total, piece))
     assert total is not None
     if node.target is aten.mean.dim:
-        total = _call(graph, aten.div.Tensor, (total, float(math.prod(sizes))))
+        total = call_with_value(graph, aten.div.Tensor, (total, float(math.prod(sizes))))
     return _cast(graph, total, out.dtype)
 
 
@@ -126,7 +109,7 @@ def _squeezes(node: fx.Node, dims: list[int]) -> list[fx.Node]:
             continue
         sq = u.args[1] if len(u.args) > 1 else None
         sq = [sq] if isinstance(sq, int) else list(sq or [])
-        if sorted(d % _val(node).dim() for d in sq) == dims:
+        if sorted(d % value_of(node).dim() for d in sq) == dims:
             found.append(u)
     return found
 
@@ -135,12 +118,13 @@ def _as_column(graph: fx.Graph, node: fx.Node, k: int) -> fx.Node:
     """node's sum over its input's first k dims as a column sum of its [lead, rest] view,
     viewed back to node's shape (keepdim or not)."""
     x = node.args[0]
-    shape = list(_val(x).shape)
-    flat = _call(graph, aten.view.default, (x, [math.prod(shape[:k]), math.prod(shape[k:])]))
+    shape = list(value_of(x).shape)
+    lead, rest = math.prod(shape[:k]), math.prod(shape[k:])
+    flat = call_with_value(graph, aten.view.default, (x, [lead, rest]))
     dtype = node.kwargs.get("dtype")
     kwargs = {"dtype": dtype} if dtype is not None else {}
-    col = _call(graph, node.target, (flat, [0]), kwargs)
-    return _call(graph, aten.view.default, (col, list(_val(node).shape)))
+    col = call_with_value(graph, node.target, (flat, [0]), kwargs)
+    return call_with_value(graph, aten.view.default, (col, list(value_of(node).shape)))
 
 
 def split_middle_sums(graph: fx.Graph) -> list[str]:
@@ -149,36 +133,38 @@ def split_middle_sums(graph: fx.Graph) -> list[str]:
     sum of a 2-D view. Returns explain's notes, one a rewritten sum."""
     notes = []
     for node in list(graph.nodes):
-        k = _leading(node)
+        found = _reduced(node)
+        if found is None:
+            continue
+        x, dims = found
+        shape, what = list(x.shape), node.target.__name__.split(".")[0]
+        k = _leading(x, dims)
         if k:
-            shape = list(_val(node.args[0]).shape)
             notes.append(
-                f"{node.name}: {node.target.__name__.split('.')[0]} over dims "
-                f"{list(range(k))} of {shape} as a column sum of its "
+                f"{node.name}: {what} over dims {dims} of {shape} as a column sum of its "
                 f"[{math.prod(shape[:k])}, {math.prod(shape[k:])}] view"
             )
             with graph.inserting_before(node):
                 node.replace_all_uses_with(_as_column(graph, node, k))
             graph.erase_node(node)
             continue
-        dims = _middle(node)
-        if dims is None:
+        if not _middle(x, dims):
             continue
-        shape = list(_val(node.args[0]).shape)
         notes.append(
-            f"{node.name}: {node.target.__name__.split('.')[0]} over dims {dims} of {shape} "
+            f"{node.name}: {what} over dims {dims} of {shape} "
             f"({math.prod(shape[d] for d in dims)} elements a result) as adds of strided "
             "views (no reduction kernel takes middle dims)"
         )
         with graph.inserting_before(node):
             total = _expand(graph, node, dims)
-        if tuple(_val(total).shape) != tuple(_val(node).shape):  # keepdim
+        if tuple(value_of(total).shape) != tuple(value_of(node).shape):  # keepdim
             for sq in _squeezes(node, dims):
                 sq.replace_all_uses_with(total)
                 graph.erase_node(sq)
             if node.users:
                 with graph.inserting_before(node):
-                    total = _call(graph, aten.view.default, (total, list(_val(node).shape)))
+                    keep = list(value_of(node).shape)
+                    total = call_with_value(graph, aten.view.default, (total, keep))
         node.replace_all_uses_with(total)
         graph.erase_node(node)
     return notes

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from fuser.dynamo.context import value_of
 from fuser.dynamo.support import try_lower
 
 aten = torch.ops.aten
@@ -36,22 +37,18 @@ _KEEPING_VIEWS = (
 _CAST_KWARGS = {"dtype", "layout", "device"}
 
 
-def _val(n: Any) -> Any:
-    return n.meta.get("val") if isinstance(n, fx.Node) else None
-
-
 def _movable_cast(n: fx.Node) -> bool:
     """A dtype cast of a view that keeps every element, nothing else asked of it."""
     if n.op != "call_function" or n.target is not aten._to_copy.default or len(n.args) != 1:
         return False
     if set(n.kwargs) - _CAST_KWARGS or n.kwargs.get("layout") not in (None, torch.strided):
         return False
-    src, out = n.args[0], _val(n)
+    src, out = n.args[0], value_of(n)
     if not isinstance(src, fx.Node) or src.op != "call_function":
         return False
     if src.target not in _KEEPING_VIEWS or not isinstance(src.args[0], fx.Node):
         return False
-    x = _val(src.args[0])
+    x = value_of(src.args[0])
     if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
         return False
     return x.device == out.device and all(isinstance(s, int) for s in x.shape)
@@ -76,11 +73,11 @@ def _move_casts(graph: fx.Graph) -> int:
             continue
         src, rest = n.args[0], n.args[0].args[1:]
         try:  # the metas first: a view the cast's layout cannot take is left as it was
-            cast_val = aten._to_copy.default(_val(src.args[0]), **n.kwargs)
+            cast_val = aten._to_copy.default(value_of(src.args[0]), **n.kwargs)
             view_val = src.target(cast_val, *rest, **src.kwargs)
         except (RuntimeError, ValueError):
             continue
-        b = _val(n)
+        b = value_of(n)
         if view_val.shape != b.shape or view_val.stride() != b.stride():
             continue  # not the same layout as before
         with graph.inserting_before(n):

@@ -205,8 +205,9 @@ def _output_steps(
         # a clone keeps its source's strides; where ATen's are the contiguous ones
         # (layout None) and the source is an input in another layout (a cast there and
         # back, simplified away), the clone is made contiguous
-        fmt = b.names.bind(torch.contiguous_format, "contiguous_format")
-        how = f"memory_format={fmt}" if layout is None else ""
+        how = ""
+        if cloned and layout is None:
+            how = f"memory_format={b.names.bind(torch.contiguous_format, 'contiguous_format')}"
         lines = [f"{node.name} = {src}.clone({how})"] if cloned else []
         if cloned and layout is None:
             _note_clone(node, src, b)
