@@ -134,10 +134,80 @@ def ce_resident(x_ptr, t_ptr, loss_ptr, g_ptr, count_ptr, V, XS, GS,
     tl.store(g_ptr + row * GS + tc, ((pt - 1.0) * scale).to(tl.bfloat16), mask=valid)
 
 
+@triton.jit
+def ce_peeled(x_ptr, t_ptr, loss_ptr, g_ptr, count_ptr, n_rows, V, XS, GS,
+              CHUNK: tl.constexpr, SAME: tl.constexpr, EVICT: tl.constexpr,
+              PERSIST: tl.constexpr):  # fmt: skip
+    # the lean looped form with each row's body walked from its first 16-byte boundary
+    # (8 bf16 columns): a row of odd length starts anywhere, so without this every access
+    # is 2 bytes wide. The <= 7 columns before the boundary and the <= 7 after the last full
+    # group of 8 are one 16-wide masked "edge" load. SAME: the gradient's rows share the
+    # logits' stride, so its stores take the same boundary. PERSIST: a grid of fewer
+    # programs than rows, each walking rows pid, pid + grid, ... (fewer rows in flight,
+    # so the second pass finds its row in L2)
+    ar = tl.arange(0, CHUNK)
+    e16 = tl.arange(0, 16)
+    count = tl.load(count_ptr)
+    step = tl.num_programs(0) if PERSIST else 1
+    stop = n_rows if PERSIST else tl.program_id(0) + 1
+    for r in range(tl.program_id(0), stop, step):
+        row = tl.cast(r, tl.int64)
+        t = tl.load(t_ptr + row)
+        valid = t != -100
+        tc = tl.where(valid, t, 0)
+        tt = tc.to(tl.int32)
+        base = row * XS
+        head = tl.minimum((8 - base % 8) % 8, V).to(tl.int32)
+        nbody = (V - head) // 8 * 8
+        nbody = tl.multiple_of(nbody, 8)
+        xbody = x_ptr + tl.multiple_of(base + head, 8)
+        ecol = tl.where(e16 < 8, e16, head + nbody + e16 - 8)
+        eok = tl.where(e16 < 8, e16 < head, ecol < V)
+        xe = tl.load(x_ptr + base + ecol, mask=eok, other=float("-inf")).to(tl.float32)
+        m = tl.full((CHUNK,), float("-inf"), tl.float32)
+        s = tl.zeros((CHUNK,), tl.float32)
+        for off in range(0, nbody, CHUNK):
+            cols = off + ar
+            ok = cols < nbody
+            if EVICT:
+                xb = tl.load(xbody + cols, mask=ok, other=float("-inf"),
+                             eviction_policy="evict_last")  # fmt: skip
+            else:
+                xb = tl.load(xbody + cols, mask=ok, other=float("-inf"))
+            x = xb.to(tl.float32)
+            up = x > m
+            fin = tl.where(m > float("-inf"), m, 0.0)
+            e = tl.exp(-tl.abs(x - fin))
+            s = tl.where(up, s * e + 1.0, s + e)
+            m = tl.maximum(m, x)
+        mx = tl.maximum(tl.max(m, 0), tl.max(xe, 0))
+        ssum = tl.sum(s * tl.exp(m - mx), 0) + tl.sum(tl.exp(xe - mx), 0)
+        lse = mx + tl.log(ssum)
+        picked = tl.load(x_ptr + base + tc).to(tl.float32)
+        tl.store(loss_ptr + row, tl.where(valid, lse - picked, 0.0))
+        scale = tl.where(valid, 1.0 / count, 0.0)
+        ge = (tl.exp(xe - lse) - (ecol == tt).to(tl.float32)) * scale
+        tl.store(g_ptr + row * GS + ecol, ge.to(tl.bfloat16), mask=eok)
+        if SAME:
+            gbody = g_ptr + tl.multiple_of(row * GS + head, 8)
+        else:
+            gbody = g_ptr + row * GS + head
+        for off in range(0, nbody, CHUNK):
+            cols = off + ar
+            ok = cols < nbody
+            if EVICT:
+                xb = tl.load(xbody + cols, mask=ok, other=0.0, eviction_policy="evict_first")
+            else:
+                xb = tl.load(xbody + cols, mask=ok, other=0.0)
+            hit = ((cols + head) == tt).to(tl.float32)
+            g = (tl.exp(xb.to(tl.float32) - lse) - hit) * scale
+            tl.store(gbody + cols, g.to(tl.bfloat16), mask=ok)
+
+
 @dataclass(frozen=True)
 class Var:
     name: str
-    kind: str  # looped | resident | fuser | eager | compile
+    kind: str  # looped | peeled | resident | fuser | eager | compile
     chunk: int = 4096
     warps: int = 8
     gather: bool = False
@@ -146,11 +216,17 @@ class Var:
     evict: bool = False
     floor: int = 0
     alt: bool = False
+    persist: int = 0  # peeled: programs a SM (0: one program a row)
+    aligned_walk: bool = False  # fuser: the Triton backend allowed its aligned-start walk
+    same: bool = False  # the gradient's rows take the logits' stride
 
 
 ALL = dict(gather=True, i32=True, lse=True)
 VARS = [
     Var("fuser", "fuser"),
+    Var("fuser-same", "fuser", same=True),
+    Var("fuser-aw", "fuser", aligned_walk=True),
+    Var("fuser-aw-same", "fuser", aligned_walk=True, same=True),
     Var("base", "looped"),  # fuser's form, hand-written: 8 warps, 4096 columns a step
     Var("gather", "looped", gather=True),
     Var("i32", "looped", i32=True),
@@ -168,6 +244,18 @@ VARS = [
     Var("resident", "resident", warps=32),
     Var("resident-alt", "resident", warps=32, alt=True),
     Var("resident-w16-alt", "resident", warps=16, alt=True),
+    Var("peeled-w8c2048", "peeled", chunk=2048, warps=8, evict=True),
+    Var("peeled-w4c2048", "peeled", chunk=2048, warps=4, evict=True),
+    Var("peeled-w16c4096", "peeled", chunk=4096, warps=16, evict=True),
+    Var("peeled-w32c8192", "peeled", chunk=8192, warps=32, evict=True),
+    Var("peeled-same-w8c2048", "peeled", chunk=2048, warps=8, evict=True, same=True),
+    Var("peeled-same-w16c4096", "peeled", chunk=4096, warps=16, evict=True, same=True),
+    Var("peeled-p2-w16c4096", "peeled", chunk=4096, warps=16, evict=True, persist=2),
+    Var("peeled-p4-w8c2048", "peeled", chunk=2048, warps=8, evict=True, persist=4),
+    Var("peeled-p1-w32c8192", "peeled", chunk=8192, warps=32, evict=True, persist=1),
+    Var("peeled-p2-w32c8192", "peeled", chunk=8192, warps=32, evict=True, persist=2),
+    Var("lean+evict-w32c8192", "looped", chunk=8192, warps=32, evict=True, **ALL),
+    Var("lean+evict-w16c8192", "looped", chunk=8192, warps=16, evict=True, **ALL),
     Var("eager", "eager"),
     Var("torch.compile", "compile"),
 ]
@@ -196,12 +284,26 @@ def run_variant(v: Var, x: torch.Tensor, t: torch.Tensor, gs: int):
 
         return ref
     if v.kind == "fuser":
+        import dataclasses
+
+        from fuser.backends.registry import get_backend
         from fuser.dynamo.ce_region import one_pass_fusion
 
-        fd = one_pass_fusion(x, t)
+        # same: the gradient's rows as the logits' (what torch.compile gives logits that
+        # are a graph input), else 16-byte aligned (logits made in the graph)
+        fd = one_pass_fusion(x, t, aligned=not v.same)
+        backend = get_backend("triton")
+        limits = backend.limits
 
         def fus():
-            outs = fd.execute([x, t], backend="triton")
+            # the plan is made at the first call (run with FUSER_PLAN_CACHE=0)
+            object.__setattr__(
+                backend, "limits", dataclasses.replace(limits, aligned_walk=v.aligned_walk)
+            )
+            try:
+                outs = fd.execute([x, t], backend="triton")
+            finally:
+                object.__setattr__(backend, "limits", limits)
             return outs[0], outs[1]
 
         return fus
@@ -209,9 +311,16 @@ def run_variant(v: Var, x: torch.Tensor, t: torch.Tensor, gs: int):
     def hand():
         count = (t != -100).sum().float()
         loss_rows = torch.empty(rows, dtype=torch.float32, device=x.device)
-        g = torch.empty_strided((rows, V), (gs, 1), dtype=BF16, device=x.device)
-        args = (x, t, loss_rows, g, count, V, x.stride(0), gs)
-        if v.kind == "resident":
+        g_stride = x.stride(0) if v.same else gs
+        g = torch.empty_strided((rows, V), (g_stride, 1), dtype=BF16, device=x.device)
+        args = (x, t, loss_rows, g, count, V, x.stride(0), g_stride)
+        if v.kind == "peeled":
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+            grid = min(rows, sms * v.persist) if v.persist else rows
+            ce_peeled[(grid,)](x, t, loss_rows, g, count, rows, *args[5:], CHUNK=v.chunk,
+                               SAME=v.same, EVICT=v.evict, PERSIST=bool(v.persist),
+                               num_warps=v.warps)  # fmt: skip
+        elif v.kind == "resident":
             ce_resident[(rows,)](*args, BLOCK=triton.next_power_of_2(V), ALT=v.alt,
                                  num_warps=v.warps)  # fmt: skip
         else:
