@@ -71,6 +71,10 @@ class Limits:
     # the looped renderer walks rows that start unaligned from an aligned column
     # (Schedule.align_walk) at registers the estimate predicts
     aligned_walk: bool = False
+    # chunks an iteration of that walk (0: the looped heuristic's), and whether it is taken
+    # only where every full argument, outputs too, starts at the walk's shift
+    aligned_walk_unroll: int = 0
+    aligned_walk_all_args: bool = False
     # a looped kernel reading its row twice may take more warps a block so that its
     # resident rows fit in the L2 (heuristics._l2_warps). Off until the looped register
     # estimate is calibrated at 16 and 32 warps: ptxas (sm_90) gave softmax bf16 50257 at

@@ -33,9 +33,19 @@ class TritonBackend(Backend):
     # columns in 1024-wide tiles issue a third more). Its choices come within 1.6-5.2% of
     # the fastest measured (median 2.2%; the constants before: 6.6-23.7%), the column
     # sum's are unchanged (0-6.5%), and none moves when any one constant moves by 25%
-    # no aligned_walk: Triton renders it (tests run it in the interpreter), but ptxas gave the
-    # cross-entropy bf16 50257 walk 212 registers against an estimate of 81 (1 block/SM)
+    # aligned_walk: one chunk an iteration (8 bf16 a thread), its head and tail loading
+    # whole vectors (render._whole_vectors), and only where every full argument takes
+    # whole vectors. H200 (benchmarks/results/h200-2026-11-28-session17/c, e), the one-pass
+    # cross-entropy at 8192 x 50257 bf16 with the gradient in the logits' layout (what
+    # torch.compile gives logits that are a graph input): 1764 -> 1986 GB/s (32768 rows
+    # 1874 -> 2080, 32001 columns 1872 -> 2109); softmax bf16 8192 x 50257 / 32001 /
+    # 20001: 1744 / 1831 / 1968 -> 1844 / 2086 / 2082. With an aligned gradient (element
+    # stores at the true column) it lost, 2093 -> 1863; at 2 chunks an iteration (80
+    # registers) it lost everywhere: cross-entropy 1926 against 2092, softmax 1635 against 1745
     limits = Limits(
+        aligned_walk=True,
+        aligned_walk_unroll=1,
+        aligned_walk_all_args=True,
         masked_outer_tail=True,
         prefetch=True,
         prefetch_max_blocks_per_sm=1,

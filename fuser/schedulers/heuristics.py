@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from fuser.backends.base import Backend
 from fuser.backends.registry import get_backend
 from fuser.errors import ScheduleError
-from fuser.plan.build import aligned_walk, rereads_row
+from fuser.plan.build import ASYNC_BYTES, aligned_walk, rereads_row
 from fuser.schedulers.common import (
     _estimate,
     _with,
@@ -269,14 +269,23 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
         sc, why = _score(spec, dev, c, itemsize, backend)
         scored.append((sc * (1.0 if vv == v else 0.99), why, vv, c))
     if not scored:
-        wide = aligned_walk_vector(spec, v) if backend.limits.aligned_walk else v
+        wide = v
+        # Triton stages a narrow walk whose accesses cp.async can take (4 bytes and up:
+        # softmax fp32 50257 1.68x, build._walk_stages); its aligned walk was measured
+        # against the 2-byte walks it cannot stage (session 17, bf16 rows)
+        staged = backend.limits.aligned_walk_all_args and v * itemsize >= ASYNC_BYTES
+        if backend.limits.aligned_walk and not staged:
+            wide = aligned_walk_vector(spec, v, backend.limits.aligned_walk_all_args)
         if wide > v:
             reasons.append(
                 f"aligned-start walk: vector {wide}; each row is walked from its start rounded "
                 f"down to {wide} elements (a masked head up to the first aligned column, whole "
                 "vectors after it), as the rows start unaligned only by their stride"
             )
-            return schedule_looped(spec, dev, wide, reasons, backend=backend, align_walk=True)
+            unroll = backend.limits.aligned_walk_unroll or None
+            return schedule_looped(
+                spec, dev, wide, reasons, backend=backend, align_walk=True, unroll=unroll
+            )
         return schedule_looped(spec, dev, v, reasons, backend=backend)
     _, why, v_best, best = max(scored, key=lambda x: (x[0], x[3].threads_per_row))
     if v_best != v:
@@ -402,13 +411,17 @@ def schedule_looped(
     return _with(s, _estimate(spec, dev, s, regs, 0, spec.cols), reasons)
 
 
-def aligned_walk_vector(spec: KernelSpec, v: int) -> int:
+def aligned_walk_vector(spec: KernelSpec, v: int, all_args: bool = False) -> int:
     """The vector of an aligned-start walk over rows that start unaligned only by their
-    stride (fuser/plan/build.py aligned_walk), or `v` where none applies. The walk needs
+    stride (fuser/plan/build.py aligned_walk), or `v` where none applies; `all_args`:
+    only where every full argument, outputs included, takes whole vectors. The walk needs
     a head and a body: at least two iterations of 8 warps x 2 chunks."""
     fulls = spec.full_args()
     wide = max(16 // max((a.dtype.itemsize for a in fulls), default=4), 1)
-    if wide <= v or spec.cols < 2 * 2 * 256 * wide or not aligned_walk(spec, wide)[0]:
+    if wide <= v or spec.cols < 2 * 2 * 256 * wide:
+        return v
+    stride, names = aligned_walk(spec, wide)
+    if not stride or (all_args and len(names) < len(fulls)):
         return v
     return wide
 

@@ -227,6 +227,11 @@ class TritonKernelWriter:
         # rsqrt and pow finite there, where 0 made 0 / 0, -inf and inf (numpy warnings in
         # the interpreter); a GPU loads either constant alike. 1.0 for floats: the
         # interpreter would take an int 1 as bfloat16's bits (1e-40)
+        edge = chunk is not None and str(chunk.index).startswith(("head", "tail"))
+        if edge and chunk.masked and self._whole_vectors(a):
+            m = self.mask(a.kind, None, rows_masked=rows == "rows")
+            if chunk.index != "head":
+                m = f"{m} & vec_ok{chunk.suffix()}" if m else f"vec_ok{chunk.suffix()}"
         other = "1.0" if a.dtype.is_float else "1"
         mask = f", mask={m}, other={other}" if m else ""
         target = self.name(a.value, chunk) + suffix
@@ -458,6 +463,19 @@ class TritonKernelWriter:
         fn = "tl.maximum" if op == Op.MAX else "tl.minimum"
         return f"{fn}({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
 
+    def _whole_vectors(self, a: Arg) -> bool:
+        """Whether the aligned-start walk loads `a` a whole vector at a time in its masked
+        head and tail too: a vector holding one of the row's columns lies in the tensor
+        (16-byte aligned, so within one page as well), the lanes off the row are the
+        neighbouring row's and are masked where they are used (reductions, stores), so
+        the head needs no mask and the tail one per vector. An exact mask there split
+        every vector into 2-byte loads, each with its own predicate and address (sm_90,
+        the bf16 cross-entropy at 50257: 80 registers and a spill). Not in the interpreter:
+        there the lanes past the last row would read past the tensor's allocation."""
+        if self.interpreted:
+            return False
+        return bool(self.s.walk_align) and a.name in self.s.walk_args and not a.is_output
+
     # -- shared kernel pieces ------------------------------------------------------
     def signature(self, extra: list[str]) -> str:
         ptrs = [f"{a.name}_ptr" for a in self.spec.args] + extra
@@ -499,6 +517,9 @@ class TritonKernelWriter:
                 self.w.line(f"col_ok{sfx} = cols{sfx} >= 0")
             elif chunk.masked:
                 self.w.line(f"col_ok{sfx} = cols{sfx} < {self.spec.cols}")
+                # a vector whose first column is on the row is loaded whole (_whole_vectors)
+                v = self.s.walk_align
+                self.w.line(f"vec_ok{sfx} = (pos{sfx} // {v}) * {v} < {self.spec.cols} + shift")
             return
         self.w.line(f"cols{sfx} = {chunk.offset}tl.arange(0, {chunk.width})[None, :]")
         if chunk.masked:
