@@ -157,3 +157,57 @@ def test_lone_rule_leaves_three_reads_and_few_rows_alone() -> None:
     assert ln.schedule.kind == "inner_persistent", ln.schedule.explain()
     few = _lowered_row_kernel(64, 32000, 32000, "triton")
     assert few.schedule.kind == "inner_persistent", few.schedule.explain()
+
+
+def _one_pass_kernel(v: int, aligned_grad: bool, dtype: torch.dtype = BF16):  # noqa: ANN202
+    x = torch.empty(4096, v, dtype=dtype, device="meta")
+    t = torch.empty(4096, dtype=torch.int64, device="meta")
+    ks = one_pass_fusion(x, t, aligned=aligned_grad).compile([x, t], "h200", "triton")
+    return max(ks, key=lambda k: k.spec.cols)
+
+
+def test_triton_walk_only_where_every_full_argument_shares_the_row_start() -> None:
+    """Triton's aligned-start walk (one chunk an iteration) is taken for the one-pass
+    cross-entropy whose gradient has the logits' odd stride (logits that are a graph
+    input), not where the gradient's rows are aligned and its stores would be 2-byte
+    element stores at the true column (measured slower on an H200)."""
+    same = _one_pass_kernel(50257, aligned_grad=False)
+    s = same.schedule
+    assert s.align_walk and s.vector == 8 and s.unroll == 1, s.explain()
+    assert set(same.plan.walk_args) == {a.name for a in same.spec.full_args()}
+    other = _one_pass_kernel(50257, aligned_grad=True).schedule
+    assert not other.align_walk and other.vector == 1, other.explain()
+
+
+def test_triton_keeps_the_staged_walk_of_4_byte_rows() -> None:
+    """An fp32 row of odd width keeps Triton's narrow walk, which cp.async can stage
+    (4-byte accesses); 2-byte rows, which it cannot, take the aligned-start walk."""
+    with_fp32 = _one_pass_kernel(20001, aligned_grad=False, dtype=F32).schedule
+    assert not with_fp32.align_walk and with_fp32.vector == 1, with_fp32.explain()
+    with_bf16 = _one_pass_kernel(20001, aligned_grad=False).schedule
+    assert with_bf16.align_walk, with_bf16.explain()
+
+
+def test_triton_walk_edges_load_whole_vectors_on_a_gpu_only() -> None:
+    """The walk's masked head and tail load whole 16-byte vectors in the source a GPU
+    compiles (the head unmasked, the tail masked a vector at a time) and exact masks in
+    the interpreter's, whose last row would read past the CPU allocation; stores keep
+    exact masks in both."""
+    import fuser.codegen.triton.render as render
+    from fuser.codegen.triton.source import render_triton
+
+    k = _one_pass_kernel(50257, aligned_grad=False)
+    sources = {}
+    saved = render.use_interpreter
+    try:
+        for interpreted in (True, False):
+            render.use_interpreter = lambda interpreted=interpreted: interpreted
+            sources[interpreted] = render_triton(k.plan)
+    finally:
+        render.use_interpreter = saved
+    gpu, cpu = sources[False], sources[True]
+    x = k.spec.full_args()[0].name  # the logits
+    assert f"{x}_head = tl.load({x}_ptr + row_base + pos_head, eviction" in gpu
+    assert "mask=vec_ok_tail" in gpu and "mask=vec_ok_tail" not in cpu
+    assert f"{x}_head = tl.load({x}_ptr + row_base + pos_head, mask=col_ok_head" in cpu
+    assert "mask=col_ok_tail)" in gpu  # the gradient's tail stores stay exact

@@ -234,3 +234,30 @@ def test_compiled_few_row_embedding_takes_the_table():
     notes = backend.captures[0].graphs[1].scatters
     torch._dynamo.reset()
     assert notes and "table scatter-add" in notes[0], notes
+
+
+def test_repeated_calls_plan_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scatter-add called again with the same shapes (an embedding's backward, every
+    step) looks its plan and module up instead of planning and loading them again; a new
+    shape or mode plans afresh, and every call's result is still ATen's."""
+    import fuser.runtime.scatter as scatter
+
+    calls = []
+    real = scatter.plan_scatter
+
+    def counting(shape: ScatterShape, how: str):  # noqa: ANN202
+        calls.append((shape, how))
+        return real(shape, how)
+
+    monkeypatch.setattr(scatter, "plan_scatter", counting)
+    scatter._planned.cache_clear()
+    src, index = _data(37, 211, 24, torch.float32, seed=5, skew=False)
+    want = torch.zeros(37, 24, dtype=torch.float64, device=DEVICE)
+    want.index_add_(0, index, src.double())
+    for _ in range(3):
+        got = scatter_add_rows(src, index, 37)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 1, calls
+    scatter_add_rows(src, index, 37, how="atomic")
+    scatter_add_rows(src[:, :12], index, 37)
+    assert len(calls) == 3, calls
