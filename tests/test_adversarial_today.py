@@ -13,6 +13,10 @@ import torch
 from fuser.backends.registry import get_backend
 from fuser.frontend.fusion_definition import FusionDefinition
 
+# CPU tensors run only where there is no GPU (Triton's interpreter); a GPU host runs these
+# kernels on its GPU
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _softmax_of_sum(dtype: torch.dtype) -> FusionDefinition:
     with FusionDefinition("softmax_of_sum") as fd:
@@ -41,8 +45,8 @@ def test_aligned_walk_inputs_of_different_row_strides(
     )
     rows, v = 5, 20001
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, v, generator=g)
-    y = torch.randn(rows, v + 8, generator=g)[:, :v]
+    x = torch.randn(rows, v, generator=g).to(DEVICE)
+    y = torch.randn(rows, v + 8, generator=g).to(DEVICE)[:, :v]
     fd = _softmax_of_sum(torch.float32)
     (out,) = fd.execute([x, y], backend=backend)
     (k,) = fd.kernels
@@ -100,7 +104,7 @@ def test_fusion_name_that_is_no_identifier(backend: str) -> None:
     with FusionDefinition("3d col-sum (test)") as fd:
         x = fd.define_tensor([-1, -1], torch.float32)
         fd.add_output(fd.ops.sum(fd.ops.mul(x, x), dims=[0]))
-    x = torch.randn(37, 5)
+    x = torch.randn(37, 5, device=DEVICE)
     (out,) = fd.execute([x], backend=backend)
     torch.testing.assert_close(out, (x * x).sum(0), rtol=1e-5, atol=1e-5)
     assert fd.name == "f_3d_col_sum__test_"
