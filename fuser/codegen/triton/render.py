@@ -465,10 +465,11 @@ class TritonKernelWriter:
 
     def _whole_vectors(self, a: Arg) -> bool:
         """Whether the aligned-start walk loads `a` a whole vector at a time in its masked
-        head and tail too: a vector holding one of the row's columns lies in the tensor
-        (16-byte aligned, so within one page as well), the lanes off the row are the
-        neighbouring row's and are masked where they are used (reductions, stores), so
-        the head needs no mask and the tail one per vector. An exact mask there split
+        head and tail too. A 16-byte-aligned vector holding one of the row's columns never
+        leaves that column's page; its lanes off the row read the neighbouring rows (or,
+        past the last row, up to 14 bytes after the tensor's last element) and are masked
+        where they are used (reductions, index checks, stores), so the head needs no mask
+        and the tail one per vector. An exact mask there split
         every vector into 2-byte loads, each with its own predicate and address (sm_90,
         the bf16 cross-entropy at 50257: 80 registers and a spill). Not in the interpreter:
         there the lanes past the last row would read past the tensor's allocation."""
