@@ -43,6 +43,26 @@ def _widen(x, ALT: tl.constexpr):
 
 
 @triton.jit
+def _load(ptrs, mask, other, EVICT: tl.constexpr, POLICY: tl.constexpr):
+    # a walk's load, with the L2 hint POLICY where EVICT
+    if EVICT:
+        x = tl.load(ptrs, mask=mask, other=other, eviction_policy=POLICY)
+    else:
+        x = tl.load(ptrs, mask=mask, other=other)
+    return x
+
+
+@triton.jit
+def _online(m, s, x):
+    # one step of the running max m and the running sum s of exp(x - m), rescaled when
+    # m grows (exp of -|x - m| either way: nothing overflows)
+    up = x > m
+    fin = tl.where(m > float("-inf"), m, 0.0)
+    e = tl.exp(-tl.abs(x - fin))
+    return tl.maximum(m, x), tl.where(up, s * e + 1.0, s + e)
+
+
+@triton.jit
 def ce_looped(x_ptr, t_ptr, loss_ptr, g_ptr, count_ptr, V, XS, GS,
               CHUNK: tl.constexpr, GATHER: tl.constexpr, I32: tl.constexpr,
               LSE: tl.constexpr, EVICT: tl.constexpr, FLOOR: tl.constexpr):  # fmt: skip
@@ -61,12 +81,7 @@ def ce_looped(x_ptr, t_ptr, loss_ptr, g_ptr, count_ptr, V, XS, GS,
         for off in range(0, V, CHUNK):
             cols = off + ar
             ok = cols < V
-            if EVICT:
-                xb = tl.load(
-                    xrow + cols, mask=ok, other=float("-inf"), eviction_policy="evict_last"
-                )
-            else:
-                xb = tl.load(xrow + cols, mask=ok, other=float("-inf"))
+            xb = _load(xrow + cols, ok, float("-inf"), EVICT, "evict_last")
             x = xb.to(tl.float32)
             if FLOOR == 2:
                 m = tl.maximum(m, x)
@@ -74,11 +89,7 @@ def ce_looped(x_ptr, t_ptr, loss_ptr, g_ptr, count_ptr, V, XS, GS,
                 if not GATHER:
                     ci = cols if I32 else cols.to(tl.int64)
                     acc += tl.where(ci == tt, x, 0.0)
-                up = x > m
-                fin = tl.where(m > float("-inf"), m, 0.0)
-                e = tl.exp(-tl.abs(x - fin))
-                s = tl.where(up, s * e + 1.0, s + e)
-                m = tl.maximum(m, x)
+                m, s = _online(m, s, x)
     mx = tl.max(m, 0)
     ssum = tl.sum(s * tl.exp(m - mx), 0)
     lse = mx + tl.log(ssum)
@@ -92,10 +103,7 @@ def ce_looped(x_ptr, t_ptr, loss_ptr, g_ptr, count_ptr, V, XS, GS,
     for off in range(0, V, CHUNK):
         cols = off + ar
         ok = cols < V
-        if EVICT:
-            xb = tl.load(xrow + cols, mask=ok, other=0.0, eviction_policy="evict_first")
-        else:
-            xb = tl.load(xrow + cols, mask=ok, other=0.0)
+        xb = _load(xrow + cols, ok, 0.0, EVICT, "evict_first")
         x = xb.to(tl.float32)
         if FLOOR != 0:
             g = x * scale
@@ -169,17 +177,8 @@ def ce_peeled(x_ptr, t_ptr, loss_ptr, g_ptr, count_ptr, n_rows, V, XS, GS,
         for off in range(0, nbody, CHUNK):
             cols = off + ar
             ok = cols < nbody
-            if EVICT:
-                xb = tl.load(xbody + cols, mask=ok, other=float("-inf"),
-                             eviction_policy="evict_last")  # fmt: skip
-            else:
-                xb = tl.load(xbody + cols, mask=ok, other=float("-inf"))
-            x = xb.to(tl.float32)
-            up = x > m
-            fin = tl.where(m > float("-inf"), m, 0.0)
-            e = tl.exp(-tl.abs(x - fin))
-            s = tl.where(up, s * e + 1.0, s + e)
-            m = tl.maximum(m, x)
+            xb = _load(xbody + cols, ok, float("-inf"), EVICT, "evict_last")
+            m, s = _online(m, s, xb.to(tl.float32))
         mx = tl.maximum(tl.max(m, 0), tl.max(xe, 0))
         ssum = tl.sum(s * tl.exp(m - mx), 0) + tl.sum(tl.exp(xe - mx), 0)
         lse = mx + tl.log(ssum)
@@ -195,10 +194,7 @@ def ce_peeled(x_ptr, t_ptr, loss_ptr, g_ptr, count_ptr, n_rows, V, XS, GS,
         for off in range(0, nbody, CHUNK):
             cols = off + ar
             ok = cols < nbody
-            if EVICT:
-                xb = tl.load(xbody + cols, mask=ok, other=0.0, eviction_policy="evict_first")
-            else:
-                xb = tl.load(xbody + cols, mask=ok, other=0.0)
+            xb = _load(xbody + cols, ok, 0.0, EVICT, "evict_first")
             hit = ((cols + head) == tt).to(tl.float32)
             g = (tl.exp(xb.to(tl.float32) - lse) - hit) * scale
             tl.store(gbody + cols, g.to(tl.bfloat16), mask=ok)

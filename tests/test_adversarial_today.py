@@ -41,7 +41,9 @@ def test_aligned_walk_inputs_of_different_row_strides(
     (rows * 20001 into a buffer of stride 20009: wrong rows, out of bounds)."""
     b = get_backend(backend)
     monkeypatch.setattr(
-        b, "limits", replace(b.limits, aligned_walk=True, aligned_walk_all_args=False)
+        b,
+        "limits",
+        replace(b.limits, aligned_walk=True, aligned_walk_all_args=False, staged_walks=False),
     )
     rows, v = 5, 20001
     g = torch.Generator().manual_seed(0)

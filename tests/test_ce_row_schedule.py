@@ -92,7 +92,9 @@ def test_aligned_walk_cross_entropy_runs(
     rows whose gradient shares their stride). 9 rows of an odd V: row starts at every
     offset modulo the vector (8 bf16, 4 fp32); the targets include the first and last
     columns (the head's and the tail's)."""
-    _enable(monkeypatch, backend, aligned_walk=True, aligned_walk_all_args=False)
+    _enable(
+        monkeypatch, backend, aligned_walk=True, aligned_walk_all_args=False, staged_walks=False
+    )
     rows, v = 9, 20001 if dtype == F32 else 33001
     fd = cross_entropy_fusion(rows, dtype)
     g = torch.Generator().manual_seed(0)
@@ -188,24 +190,21 @@ def test_triton_keeps_the_staged_walk_of_4_byte_rows() -> None:
     assert with_bf16.align_walk, with_bf16.explain()
 
 
-def test_triton_walk_edges_load_whole_vectors_on_a_gpu_only() -> None:
+def test_triton_walk_edges_load_whole_vectors_on_a_gpu_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The walk's masked head and tail load whole 16-byte vectors in the source a GPU
     compiles (the head unmasked, the tail masked a vector at a time) and exact masks in
     the interpreter's, whose last row would read past the CPU allocation; stores keep
     exact masks in both."""
-    import fuser.codegen.triton.render as render
     from fuser.codegen.triton.source import render_triton
+    from tests.golden.cases import gpu_variant
 
     k = _one_pass_kernel(50257, aligned_grad=False)
-    sources = {}
-    saved = render.use_interpreter
-    try:
-        for interpreted in (True, False):
-            render.use_interpreter = lambda interpreted=interpreted: interpreted
-            sources[interpreted] = render_triton(k.plan)
-    finally:
-        render.use_interpreter = saved
-    gpu, cpu = sources[False], sources[True]
+    with gpu_variant():
+        gpu = render_triton(k.plan)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter's, on a GPU host too
+    cpu = render_triton(k.plan)
     x = k.spec.full_args()[0].name  # the logits
     assert f"{x}_head = tl.load({x}_ptr + row_base + pos_head, eviction" in gpu
     assert "mask=vec_ok_tail" in gpu and "mask=vec_ok_tail" not in cpu

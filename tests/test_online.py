@@ -346,15 +346,11 @@ def _gpu_source(k):  # noqa: ANN001, ANN202
     interpreter (whose aligned-start walk masks its head and tail loads exactly)."""
     import copy
 
-    import fuser.codegen.triton.render as render
     from fuser.codegen.triton.source import render_triton
+    from tests.golden.cases import gpu_variant
 
-    saved = render.use_interpreter
-    render.use_interpreter = lambda: False
-    try:
+    with gpu_variant():
         source = render_triton(k.plan)
-    finally:
-        render.use_interpreter = saved
     gpu = copy.copy(k)
     gpu.source = source
     return gpu

@@ -75,6 +75,9 @@ class Limits:
     # only where every full argument, outputs too, starts at the walk's shift
     aligned_walk_unroll: int = 0
     aligned_walk_all_args: bool = False
+    # the looped renderer pipelines a row walk's loads through shared memory (cp.async,
+    # plan.walk_stages), which takes accesses of 4 bytes and up
+    staged_walks: bool = False
     # a looped kernel reading its row twice may take more warps a block so that its
     # resident rows fit in the L2 (heuristics._l2_warps). Off until the looped register
     # estimate is calibrated at 16 and 32 warps: ptxas (sm_90) gave softmax bf16 50257 at

@@ -46,6 +46,7 @@ class TritonBackend(Backend):
         aligned_walk=True,
         aligned_walk_unroll=1,
         aligned_walk_all_args=True,
+        staged_walks=True,
         masked_outer_tail=True,
         prefetch=True,
         prefetch_max_blocks_per_sm=1,

@@ -270,10 +270,10 @@ def schedule_inner(spec: KernelSpec, dev: Device, backend: Backend | str = "trit
         scored.append((sc * (1.0 if vv == v else 0.99), why, vv, c))
     if not scored:
         wide = v
-        # Triton stages a narrow walk whose accesses cp.async can take (4 bytes and up:
-        # softmax fp32 50257 1.68x, build._walk_stages); its aligned walk was measured
-        # against the 2-byte walks it cannot stage (session 17, bf16 rows)
-        staged = backend.limits.aligned_walk_all_args and v * itemsize >= ASYNC_BYTES
+        # a narrow walk whose accesses cp.async can take is staged (softmax fp32 50257
+        # 1.68x, build._walk_stages); the aligned walk was measured against the 2-byte
+        # walks that cannot be (session 17, bf16 rows)
+        staged = backend.limits.staged_walks and v * itemsize >= ASYNC_BYTES
         if backend.limits.aligned_walk and not staged:
             wide = aligned_walk_vector(spec, v, backend.limits.aligned_walk_all_args)
         if wide > v:

@@ -518,9 +518,11 @@ class TritonKernelWriter:
                 self.w.line(f"col_ok{sfx} = cols{sfx} >= 0")
             elif chunk.masked:
                 self.w.line(f"col_ok{sfx} = cols{sfx} < {self.spec.cols}")
-                # a vector whose first column is on the row is loaded whole (_whole_vectors)
-                v = self.s.walk_align
-                self.w.line(f"vec_ok{sfx} = (pos{sfx} // {v}) * {v} < {self.spec.cols} + shift")
+                if any(self._whole_vectors(a) for a in self.spec.args):
+                    # a vector whose first column is on the row is loaded whole
+                    v = self.s.walk_align
+                    ok = f"(pos{sfx} // {v}) * {v} < {self.spec.cols} + shift"
+                    self.w.line(f"vec_ok{sfx} = {ok}")
             return
         self.w.line(f"cols{sfx} = {chunk.offset}tl.arange(0, {chunk.width})[None, :]")
         if chunk.masked:
