@@ -33,10 +33,14 @@ def row_kernel(fd: FusionDefinition, ins: list[torch.Tensor]):  # noqa: ANN201
     return max(fd.compile(ins, "h100", "triton"), key=lambda k: k.spec.cols * k.spec.rows)
 
 
-def ce(rows: int, cols: int, stride: int, lowered: bool):  # noqa: ANN201
-    x = torch.empty_strided((rows, cols), (stride, 1), dtype=BF16, device="meta")
+def ce(  # noqa: ANN201
+    rows: int, cols: int, stride: int, lowered: bool, same: bool = False, dtype=BF16
+):
+    """`same`: the lowered gradient in the logits' layout (logits that are a graph input),
+    else 16-byte aligned rows; the bench form's gradient is contiguous."""
+    x = torch.empty_strided((rows, cols), (stride, 1), dtype=dtype, device="meta")
     t = torch.empty(rows, dtype=torch.int64, device="meta")
-    fd = one_pass_fusion(x, t) if lowered else cross_entropy_fusion(rows, BF16)
+    fd = one_pass_fusion(x, t, aligned=not same) if lowered else cross_entropy_fusion(rows, dtype)
     return row_kernel(fd, [x, t])
 
 
@@ -62,6 +66,22 @@ def main() -> None:
         ("CE 8192x50257 contiguous, chosen", ce(8192, 50257, 50257, True)),
         ("softmax bf16 8192x50257, chosen", softmax(8192, 50257, BF16)),
         ("softmax bf16 8192x32000, chosen", softmax(8192, 32000, BF16)),
+        # the Triton aligned-start walk (session 17)
+        (
+            "CE 8192x50257 lowered, gradient as the logits, chosen",
+            ce(8192, 50257, 50257, True, True),
+        ),
+        (
+            "CE 8192x32001 lowered, gradient as the logits, chosen",
+            ce(8192, 32001, 32001, True, True),
+        ),
+        ("CE 8192x50257 bench form bf16, chosen", ce(8192, 50257, 50257, False)),
+        (
+            "CE 8192x50257 bench form fp32, chosen",
+            ce(8192, 50257, 50257, False, dtype=torch.float32),
+        ),
+        ("softmax bf16 8192x32001, chosen", softmax(8192, 32001, BF16)),
+        ("softmax bf16 8192x20001, chosen", softmax(8192, 20001, BF16)),
     ]
     cases += [
         (

@@ -183,10 +183,11 @@ def looped_chunks(s: KernelPlan) -> int:
 
 # The Triton aligned-start walk (plan.walk_align): the shift and the row bases, live
 # through the walk, and its head and tail chunks' element stores, each with its own
-# predicate: ~4 plus 3 a row element past 4 a thread (sm_90, one chunk an iteration, 8
-# warps, against the estimate without this term: the bench's cross-entropy bf16 50257 73
-# against 49 and fp32 40 against 40, softmax bf16 50257 64 against 45, the one-pass
-# cross-entropy bf16 48 against 35)
+# predicate: ~4 plus 3 a row element past 4 a thread. sm_90, one chunk of 8 an iteration,
+# 8 warps (benchmarks/results/cpu-2026-11-28-session17-sass/row_sass.txt): estimated 61-65
+# with this term, ptxas 48-64 for the one-pass cross-entropy and softmax at 50257, 32001
+# and 20001 columns (the one-pass cross-entropy at 50257: 48 and an 8-byte spill);
+# tests/test_online.py's cross-entropy: bf16 73, fp32 40
 TRITON_ALIGNED_WALK = (4, 3)
 
 
