@@ -570,6 +570,38 @@ def test_row_views_do_not_split_regions():
     assert not others, others
 
 
+@pytest.mark.parametrize("rows", [(2, 5), (3, 1), (1, 2, 3)])
+def test_row_views_do_not_split_a_written_out_rms_norm(rows):
+    """transformers' RMSNorm (pow, mean over the last dim kept, rsqrt) after a linear and a
+    residual add, with its weight: the mean of a row view split the forward in two
+    regions (the squares written and read back), and the saved [B, T, C] activations
+    split the backward in three. One region for the forward now, one for dx."""
+
+    def f(x, r, w1, g, w2):
+        h = r + torch.nn.functional.linear(x, w1)
+        var = h.pow(2).mean(-1, keepdim=True)
+        return torch.nn.functional.linear(g * (h * torch.rsqrt(var + 1e-6)), w2), h
+
+    c = 24
+    args = [rand(*rows, 16), rand(*rows, c, seed=1), rand(c, 16, seed=2), rand(c, seed=3)]
+    args.append(rand(8, c, seed=4))
+    backend, _ = run_both(f, args)
+    forward, backward = backend.captures[0].graphs
+    norm = [r for r in forward.fused if "mean" in r.ops]
+    assert len(norm) == 1 and "pow" in norm[0].ops and "add" in norm[0].ops, [
+        r.ops for r in forward.fused
+    ]
+    assert not [r for r in forward.fused if "pow" in r.ops and "mean" not in r.ops]
+    # dx in one region: the row sum, the rsqrt's powers, the broadcast back; the weight's
+    # column sum reads other operands (here the mm's result, not a cast of it as under
+    # autocast, where it joins the same inner-outer kernel) and may have its own
+    dx = [r for r in backward.fused if "pow" in r.ops]
+    assert len(dx) == 1 and all(op in dx[0].ops for op in ("sum", "expand", "div")), [
+        r.ops for r in backward.fused
+    ]
+    assert len(backward.fused) <= 2, [r.ops for r in backward.fused]
+
+
 def test_row_views_do_not_split_a_written_out_gelu():
     """transformers' NewGELU (0.5 x (1 + tanh(c (x + 0.044715 x^3)))) between two linears of
     a [B, T, C] input: its backward was split at every row view into five kernels (pow,

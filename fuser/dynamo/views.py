@@ -7,18 +7,24 @@ take such views out of the middle:
 
 - a reduction over all leading dims of a row view reduces the source instead:
   sum(view(x, [N, C]), [0]) -> view(sum(x, [0, 1]), ...)   (bias gradients)
+- so does a reduction over the last dim, kept: mean(view(x, [B, T, C]), [-1], True) ->
+  view(mean(x, [-1], True), [B, T, 1])   (RMSNorm written out, as transformers does)
 - an elementwise op whose full-shape tensor operands are row views of same-shaped sources
   (or contiguous tensors, viewed the same way) runs on the sources, and its result is
   viewed instead:
   gelu_backward(view(a), view(b)) -> view(gelu_backward(a, b))
   when that helps: a source is itself fusible (the op joins its region), or the result
-  reaches, through elementwise ops, a view back (they cancel) or a foldable reduction
+  reaches, through elementwise ops, a view back (they cancel) or a foldable reduction;
+  an operand that broadcasts along the last dim ([B, T, 1], a kept reduction's result) may
+  be a row view too, of a source of the same leading dims as the others ([B*T, 1])
 
 and chains of views collapse (view(view(x)) -> view(x), or x when the shapes agree).
 """
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import Any
 
 import torch
@@ -30,6 +36,7 @@ from fuser.dynamo.reductions import reduce_dims
 
 aten = torch.ops.aten
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+SUNK = "fuser_row_view_sunk"  # meta key of an op this pass ran on its views' sources
 REDUCTIONS = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default}
 ELEMENTWISE = (
     set(pointwise.UNARY)
@@ -86,11 +93,19 @@ def _fold_reduction(graph: fx.Graph, n: fx.Node) -> bool:
     if not is_row_view(v) or len(n.args) < 2 or n.kwargs.get("dtype") is not None:
         return False
     rank, src = len(_shape(v)), v.args[0]
-    if reduce_dims(rank, n.args[1]) != list(range(rank - 1)) or rank < 2:
-        return False
+    reduced = reduce_dims(rank, n.args[1])
     src_rank = len(_shape(src))
     keepdim = bool(n.args[2]) if len(n.args) > 2 else bool(n.kwargs.get("keepdim", False))
-    dims = list(range(src_rank - 1))
+    if rank < 2:
+        return False
+    if reduced == list(range(rank - 1)):
+        dims = list(range(src_rank - 1))
+    elif reduced == [rank - 1] and keepdim:
+        # the result [..., 1] is a row view of the source's [rows, 1]: the elementwise ops
+        # after it can sink through it too (see _sink_through)
+        dims = [src_rank - 1]
+    else:
+        return False
     with graph.inserting_before(n):
         r = graph.call_function(n.target, (src, dims, keepdim))
         r.meta["val"] = n.target(_val(src), dims, keepdim)
@@ -100,11 +115,13 @@ def _fold_reduction(graph: fx.Graph, n: fx.Node) -> bool:
     return True
 
 
-def _sink_through(graph: fx.Graph, n: fx.Node, helps: set) -> bool:
+def _sink_through(graph: fx.Graph, n: fx.Node, helps: dict) -> bool:
     """Run elementwise n on its row views' sources (see the module docstring)."""
     out_shape = _shape(n)
     tensors = [a for a in n.args if isinstance(a, fx.Node)]
     if not out_shape or not tensors or any(isinstance(a, (list, tuple)) for a in n.args):
+        return False
+    if n.meta.get(SUNK):  # moved once: a later pass would move it back
         return False
     full = [a for a in tensors if _shape(a) == out_shape]
     views = [a for a in full if is_row_view(a)]
@@ -112,43 +129,100 @@ def _sink_through(graph: fx.Graph, n: fx.Node, helps: set) -> bool:
     # free reshape when it is contiguous: the zero gradient autograd gives an unused
     # output, added to the cross-entropy's)
     plain = [a for a in full if a not in views]
-    if not views or not all(_contiguous(a) for a in plain):
+    if not all(_contiguous(a) for a in plain):
         return False
-    src_shape = _shape(views[0].args[0])
-    if any(_shape(a.args[0]) != src_shape for a in views):
+    if views:
+        src_shape = _shape(views[0].args[0])
+        if any(_shape(a.args[0]) != src_shape for a in views):
+            return False
+    elif helps.get(n) == "view" and len(out_shape) > 2 and plain and not any(map(_fused, plain)):
+        # no view among the operands (saved activations of [B, T, C]), but the result
+        # is viewed as rows later: run it on [B*T, C] views of them, which are free (a
+        # fusible operand would find the view between it and this op instead)
+        src_shape = [math.prod(out_shape[:-1]), out_shape[-1]]
+    else:
         return False
-    # other tensor operands must broadcast the same way against both shapes
+    # other tensor operands must broadcast the same way against both shapes: a vector
+    # along the last dim does; so does [..., 1] with the same leading dims, a row view
+    # of [rows, 1] or a contiguous tensor viewed so
+    rowwise = [a for a in tensors if a not in full and _rowwise(a, out_shape, src_shape)]
     for a in tensors:
-        if a not in full and len(_shape(a) or [0, 0]) > 1:
+        if a not in full and a not in rowwise and len(_shape(a) or [0, 0]) > 1:
             return False
     fusible_source = any(a.args[0].target in LOWERINGS for a in views)
     if not (fusible_source or n in helps):
         return False
     back = [u for u in n.users if is_row_view(u) and _shape(u) == src_shape]
+    rows_of = {a: [*src_shape[:-1], _shape(a)[-1]] for a in plain + rowwise}
 
-    def fake(a: Any) -> Any:
-        if a in views:
+    def source(a: Any) -> Any:  # the operand on the sources' side, as a value
+        if a in views or (a in rowwise and is_row_view(a)):
             return _val(a.args[0])
-        if a in plain:
-            return _val(a).reshape(src_shape)
+        if a in rows_of:
+            return _val(a).reshape(rows_of[a])
         return _val(a) if isinstance(a, fx.Node) else a
 
     try:
-        val = n.target(*[fake(a) for a in n.args], **n.kwargs)
+        val = n.target(*[source(a) for a in n.args], **n.kwargs)
     except Exception:
         return False
     with graph.inserting_before(n):
         args = tuple(
-            a.args[0] if a in views else _view(graph, a, src_shape) if a in plain else a
+            a.args[0]
+            if a in views or (a in rowwise and is_row_view(a))
+            else _view(graph, a, rows_of[a])
+            if a in rows_of
+            else a
             for a in n.args
         )
         m = graph.call_function(n.target, args, dict(n.kwargs))
         m.meta["val"] = val
+        m.meta[SUNK] = True
         shaped = _view(graph, m, out_shape)
     for u in back:
         u.replace_all_uses_with(m)
         graph.erase_node(u)
     n.replace_all_uses_with(shaped)
+    graph.erase_node(n)
+    return True
+
+
+def _rowwise(a: fx.Node, out_shape: list, src_shape: list) -> bool:
+    """Whether `a`, an operand of shape [..., 1] of an op of `out_shape`, broadcasts along
+    the last dim alike on both sides of the view: it has the op's leading dims and is a
+    row view of [*src_shape's leading dims, 1], or contiguous (viewed so for free)."""
+    shape = _shape(a)
+    if not (shape and shape[-1] == 1 and shape[:-1] == out_shape[:-1] and out_shape[-1] > 1):
+        return False
+    if is_row_view(a):
+        return _shape(a.args[0]) == [*src_shape[:-1], 1]
+    return _contiguous(a) and not _fused(a)
+
+
+def _fused(a: fx.Node) -> bool:
+    """Whether `a` is the result of an op fuser lowers (a view put after it would split
+    its region from its users')."""
+    if a.op == "call_function" and a.target is operator.getitem:  # native_layer_norm's
+        a = a.args[0]
+    return isinstance(a, fx.Node) and a.op == "call_function" and a.target in LOWERINGS
+
+
+def _sink_expand(graph: fx.Graph, n: fx.Node) -> bool:
+    """expand(view(x), [..., C]) -> view(expand(x, [rows, C])) for a row view of [..., 1]
+    expanded along the last dim only (a kept row reduction's result, broadcast back)."""
+    v, sizes = n.args[0], _shape(n)
+    shape = _shape(v)
+    if not (is_row_view(v) and sizes and shape and shape[-1] == 1):
+        return False
+    if len(sizes) != len(shape) or sizes[:-1] != shape[:-1]:
+        return False
+    src = v.args[0]
+    target = [*_shape(src)[:-1], sizes[-1]]
+    with graph.inserting_before(n):
+        e = graph.call_function(aten.expand.default, (src, target))
+        e.meta["val"] = _val(src).expand(target)
+        out = _view(graph, e, sizes)
+    n.replace_all_uses_with(out)
     graph.erase_node(n)
     return True
 
@@ -169,33 +243,64 @@ def _collapse(graph: fx.Graph, n: fx.Node) -> bool:
     return True
 
 
-def _helped(graph: fx.Graph) -> set:
-    """Elementwise nodes whose result reaches, through elementwise ops, a row view or a
-    reduction over the leading dims of a row view: moving a view below them pays off."""
-    helps: set = set()
+def _helped(graph: fx.Graph) -> dict:
+    """Elementwise nodes whose result reaches, through elementwise ops, a row view
+    ("view") or a reduction over all its leading dims or its last dim kept, which
+    _fold_reduction folds once a view is moved below the op ("reduction"): moving a view
+    below them pays off. Ops without a view among their operands move only for "view"."""
+    helps: dict = {}
     for n in reversed(list(graph.nodes)):
         if n.op == "call_function" and n.target in ELEMENTWISE:
-            for u in n.users:
-                if is_row_view(u) or (u.target in ELEMENTWISE and u in helps):
-                    helps.add(n)
-                    break
+            kinds = {
+                "view"
+                if is_row_view(u)
+                else "reduction"
+                if _folds(u, n)
+                else helps.get(u)
+                if u.target in ELEMENTWISE
+                else None
+                for u in n.users
+            }
+            if kinds - {None}:
+                helps[n] = "view" if "view" in kinds else "reduction"
     return helps
 
 
-def sink_row_views(graph: fx.Graph) -> int:
-    """Apply the rewrites in program order; returns how many were made."""
+def _folds(u: fx.Node, n: fx.Node) -> bool:
+    """Whether reduction `u` of `n` would fold were `n` a row view (_fold_reduction)."""
+    if u.target not in REDUCTIONS or u.args[0] is not n or len(u.args) < 2:
+        return False
+    shape = _shape(n)
+    if not shape or len(shape) < 3 or u.kwargs.get("dtype") is not None:
+        return False
+    keepdim = bool(u.args[2]) if len(u.args) > 2 else bool(u.kwargs.get("keepdim", False))
+    dims = reduce_dims(len(shape), u.args[1])
+    return dims == list(range(len(shape) - 1)) or (dims == [len(shape) - 1] and keepdim)
+
+
+def sink_row_views(graph: fx.Graph, passes: int = 4) -> int:
+    """Apply the rewrites in program order, pass after pass while a pass changes the
+    graph (a view moved below one op can make the op before it worth moving, as the
+    saved [B, T, C] activations of a backward show), at most `passes` times; returns
+    how many were made."""
     made = 0
-    helps = _helped(graph)
-    for n in list(graph.nodes):
-        if n.op != "call_function" or getattr(n, "_erased", False):
-            continue
-        if n.target in REDUCTIONS:
-            made += _fold_reduction(graph, n)
-        elif n.target in ELEMENTWISE:
-            made += _sink_through(graph, n, helps)
-        elif n.target in VIEWS and _shape(n) is not None:
-            made += _collapse(graph, n)
-    for n in reversed(list(graph.nodes)):  # views left without users
-        if n.op == "call_function" and n.target in VIEWS and not n.users:
-            graph.erase_node(n)
+    for _ in range(passes):
+        before = made
+        helps = _helped(graph)
+        for n in list(graph.nodes):
+            if n.op != "call_function" or getattr(n, "_erased", False):
+                continue
+            if n.target in REDUCTIONS:
+                made += _fold_reduction(graph, n)
+            elif n.target in ELEMENTWISE:
+                made += _sink_through(graph, n, helps)
+            elif n.target is aten.expand.default:
+                made += _sink_expand(graph, n)
+            elif n.target in VIEWS and _shape(n) is not None:
+                made += _collapse(graph, n)
+        for n in reversed(list(graph.nodes)):  # views left without users
+            if n.op == "call_function" and n.target in VIEWS and not n.users:
+                graph.erase_node(n)
+        if made == before:
+            break
     return made
