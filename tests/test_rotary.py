@@ -197,3 +197,41 @@ def test_tiny_llama_rotary_fuses_forward_and_backward(_fresh_dynamo):
             turns = [k for k in plan.kernels.values() if "neg" in k.spec.segment.ops_summary()]
             assert turns and all("broadcast_in_dim" in k.spec.segment.ops_summary() for k in turns)
     assert bw.scatters and "sorted scatter-add" in bw.scatters[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_backward_reads_shifted_sin_in_its_kernels(_fresh_dynamo, backend, dtype):
+    """The backward of q * cos + rotate_half(q) * sin reads sin shifted by half the head
+    (rotate_half's pads) through the head broadcast: a view of the broadcast, one kernel
+    for q and one for k, as in the forward. Before, the shifted sin [B, T, D] was a value
+    of its own, two more kernels that wrote and read it back."""
+
+    def rotate_half(x):  # noqa: ANN001, ANN202
+        return torch.cat((-x[..., D // 2 :], x[..., : D // 2]), dim=-1)
+
+    def f(q, k, cos, sin):  # noqa: ANN001, ANN202
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    from fuser.dynamo import FuserBackend
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, T, H, D, generator=g).to(DEV, dtype).transpose(1, 2)
+    # one key-value head: k [B, 1, T, D] reads sin [B, T, D] with no head broadcast at all
+    k = torch.randn(B, T, 1, D, generator=g).to(DEV, dtype).transpose(1, 2)
+    cos, sin = (torch.randn(B, T, D, generator=g).to(DEV, dtype) for _ in range(2))
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    backend = FuserBackend(strict=True)
+    compiled = torch.compile(f, backend=backend)
+    grads = []
+    for fn in (f, compiled):
+        qq, kk = q.detach().requires_grad_(), k.detach().requires_grad_()
+        grads.append(torch.autograd.grad(fn(qq, kk, cos, sin), (qq, kk), (gq, gk)))
+    tol = {"rtol": 2**-7, "atol": 2e-2} if dtype == torch.bfloat16 else {}
+    for got, want in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, want, **tol)
+    bw = backend.captures[0].graphs[1]
+    kernels = [kk for r in bw.fused for kk in r.kernels]
+    assert len(kernels) == 2, [kk.spec.segment.ops_summary() for kk in kernels]
+    for kk in kernels:
+        assert "neg" in kk.spec.segment.ops_summary()

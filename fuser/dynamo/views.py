@@ -303,4 +303,24 @@ def sink_row_views(graph: fx.Graph, passes: int = 4) -> int:
                 graph.erase_node(n)
         if made == before:
             break
+    _merge_repeated_views(graph)
     return made
+
+
+def _merge_repeated_views(graph: fx.Graph) -> None:
+    """One node for each view of one source to one shape: each op moved below a view
+    made its own of its operands (three [B*T, C] views of one saved activation in an
+    RMSNorm backward), and a region reads each of its inputs separately."""
+    first: dict[tuple, fx.Node] = {}
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target not in VIEWS or not isinstance(n.args[0], fx.Node):
+            continue
+        shape = _shape(n)
+        if shape is None or len(n.args) != 2 or n.kwargs:
+            continue
+        key = (n.args[0], tuple(shape))
+        if key in first:
+            n.replace_all_uses_with(first[key])
+            graph.erase_node(n)
+        else:
+            first[key] = n

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fuser.frontend.builder import Tensor
+from fuser.ir.broadcast import row_map
 from fuser.ir.graph import Graph, Node, Value
 from fuser.ir.ops import ELEMENTWISE, LAYOUT, Op
 from fuser.passes.rewriter import Rewriter
@@ -126,11 +127,46 @@ class _Views:
         shape = self.shape(v, m)
         if last not in bdims or src.shape[bdims.index(last)] == 1:
             return self.ops.broadcast_in_dim(self.t(src), shape, bdims).value
+        if bdims.index(last) == src.rank - 1 and row_map(p, tuple(v.shape)) is not None:
+            # a broadcast over part of the row dims (cos/sin [B, T, D] over q's heads):
+            # the view reads the broadcast of each kernel input under it, which a kernel
+            # reads from that input at mapped rows (classify.row_map), at the view's
+            # columns. A view under the broadcast would be a [B, T, D] value of its own,
+            # a kernel of its own.
+            read = self.row_broadcast_read(src, bdims, tuple(v.shape), m)
+            if read is not None:
+                return read
         if bdims.index(last) == src.rank - 1:
             # the source's last dim is the result's: the column read commutes with the
-            # broadcast of the other dims (cos/sin [B, T, D] over q's heads)
+            # broadcast of the other dims
             return self.ops.broadcast_in_dim(self.t(self.read(src, m)), shape, bdims).value
         return self.view(v, m)
+
+    def row_broadcast_read(
+        self, src: Value, bdims: tuple, shape: tuple, m: ColMap, depth: int = 0
+    ) -> Value | None:
+        """broadcast_in_dim(src, shape, bdims) read through `m`, as a view of the
+        broadcast of each kernel input under `src`, with the elementwise ops between
+        them (a cast of a bf16 sin) applied after: None where something else is under
+        it (a value the kernel would compute before the broadcast)."""
+        p = self._producer(src)
+        if p is None:
+            b = self.ops.broadcast_in_dim(self.t(src), shape, list(bdims))
+            return self.view(b.value, m)
+        if p.op not in ELEMENTWISE or depth > 8:
+            return None
+        args = []
+        for x in p.inputs:
+            if x.rank == 0:
+                args.append(self.t(x))
+                continue
+            if tuple(x.shape) != tuple(src.shape):
+                return None
+            r = self.row_broadcast_read(x, bdims, shape, m, depth + 1)
+            if r is None:
+                return None
+            args.append(self.t(r))
+        return self.rw.builder.add(p.op, args, dict(p.attrs))[0].value
 
     def view(self, v: Value, m: ColMap) -> Value:
         attrs = {

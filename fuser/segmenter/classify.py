@@ -260,7 +260,12 @@ def _view_kinds(node: Node, domain: tuple[int, ...], produced: set[int], kinds: 
             f"computes {src.name}; a view reads a kernel input"
         )
     n = len(domain)
-    if tuple(out.shape) == domain and tuple(src.shape[:-1]) == domain[:-1]:
+    rows = _rows(domain[:-1])
+    if (
+        tuple(out.shape[-1:]) == domain[-1:]
+        and _rows(tuple(out.shape[:-1])) == rows
+        and _rows(tuple(src.shape[:-1])) == rows
+    ):  # size-1 row dims aside: k [B, 1, T, D] of one key-value head reads sin [B, T, D]
         kind = Kind.FULL
     elif n >= 1 and tuple(out.shape) in (domain[-1:], (1,) * (n - 1) + domain[-1:]):
         kind = Kind.COL
