@@ -146,14 +146,16 @@ class _Views:
         self, src: Value, bdims: tuple, shape: tuple, m: ColMap, depth: int = 0
     ) -> Value | None:
         """broadcast_in_dim(src, shape, bdims) read through `m`, as a view of the
-        broadcast of each kernel input under `src`, with the elementwise ops between
-        them (a cast of a bf16 sin) applied after: None where something else is under
-        it (a value the kernel would compute before the broadcast)."""
+        broadcast of the kernel input under `src`, with the casts between them (of a
+        bf16 sin) applied after: None where something else is under it (a value the
+        kernel would compute before the broadcast)."""
         p = self._producer(src)
         if p is None:
             b = self.ops.broadcast_in_dim(self.t(src), shape, list(bdims))
             return self.view(b.value, m)
-        if p.op not in ELEMENTWISE or depth > 8:
+        if p.op != Op.CAST or depth > 8:
+            # a cast costs nothing per element; other math (a sin computed from positions)
+            # would run once per head after the broadcast: the view under it is cheaper
             return None
         args = []
         for x in p.inputs:
