@@ -90,8 +90,9 @@ def _view(graph: fx.Graph, x: fx.Node, shape: list) -> fx.Node:
 
 def _fold_reduction(graph: fx.Graph, n: fx.Node) -> bool:
     v = n.args[0]
-    if not is_row_view(v) or len(n.args) < 2 or n.kwargs.get("dtype") is not None:
+    if not is_row_view(v) or len(n.args) < 2:
         return False
+    # a dtype (CUDA autocast gives sum one: dtype=float32) is the same on both sides
     rank, src = len(_shape(v)), v.args[0]
     reduced = reduce_dims(rank, n.args[1])
     src_rank = len(_shape(src))
@@ -107,8 +108,9 @@ def _fold_reduction(graph: fx.Graph, n: fx.Node) -> bool:
     else:
         return False
     with graph.inserting_before(n):
-        r = graph.call_function(n.target, (src, dims, keepdim))
-        r.meta["val"] = n.target(_val(src), dims, keepdim)
+        kwargs = {k: a for k, a in n.kwargs.items() if k != "keepdim"}
+        r = graph.call_function(n.target, (src, dims, keepdim), kwargs)
+        r.meta["val"] = n.target(_val(src), dims, keepdim, **kwargs)
         out = _view(graph, r, _shape(n))
     n.replace_all_uses_with(out)
     graph.erase_node(n)
@@ -271,7 +273,7 @@ def _folds(u: fx.Node, n: fx.Node) -> bool:
     if u.target not in REDUCTIONS or u.args[0] is not n or len(u.args) < 2:
         return False
     shape = _shape(n)
-    if not shape or len(shape) < 3 or u.kwargs.get("dtype") is not None:
+    if not shape or len(shape) < 3:
         return False
     keepdim = bool(u.args[2]) if len(u.args) > 2 else bool(u.kwargs.get("keepdim", False))
     dims = reduce_dims(len(shape), u.args[1])
