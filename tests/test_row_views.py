@@ -28,7 +28,13 @@ class _Graph:
 
     def op(self, target, *args, **kwargs) -> fx.Node:  # noqa: ANN001
         n = self.g.call_function(target, args, kwargs)
-        vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
+
+        def val(a):  # noqa: ANN001, ANN202
+            if isinstance(a, (list, tuple)):
+                return [val(x) for x in a]
+            return a.meta["val"] if isinstance(a, fx.Node) else a
+
+        vals = [val(a) for a in args]
         n.meta["val"] = target(*vals, **kwargs)
         return n
 
@@ -96,3 +102,27 @@ def test_repeated_views_of_one_source_are_one_node() -> None:
     assert len(views_of_h) == 1, t.g
     (got,) = t.run([], xs)
     torch.testing.assert_close(got, want)
+
+
+def test_the_bias_sum_of_a_cat_reads_its_result() -> None:
+    """sum over the rows of a view of a cat (GPT-2's q, k, v gradients, one tensor for the
+    matmuls) stays a sum of the view: folded, it joined the cat's region, whose column
+    reduction read the three pieces through views (1.44 against 0.60 ms a GPT-2 step on
+    an H200). A sum of a view of anything else folds."""
+    t = _Graph()
+    pieces = [t.input(f"p{i}", 2, 3, 4) for i in range(3)]
+    cat = t.op(aten.cat.default, pieces, 2)
+    rows = t.op(aten.reshape.default, cat, [6, 12])
+    bias = t.op(aten.sum.dim_IntList, rows, [0], dtype=torch.float32)
+    other = t.op(aten.reshape.default, t.op(aten.exp.default, pieces[0]), [6, 4])
+    folded = t.op(aten.sum.dim_IntList, other, [0])
+    t.g.output((bias, folded))
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(2, 3, 4, generator=g) for _ in range(3)]
+    want = t.run([], xs)
+    sink_row_views(t.g)
+    t.g.lint()
+    sums = {n.args[0].target for n in t.g.nodes if n.target is aten.sum.dim_IntList}
+    assert sums == {aten.reshape.default, aten.exp.default}, sums
+    for a, b in zip(t.run([], xs), want):
+        torch.testing.assert_close(a, b)

@@ -100,6 +100,12 @@ def _fold_reduction(graph: fx.Graph, n: fx.Node) -> bool:
     if rank < 2:
         return False
     if reduced == list(range(rank - 1)):
+        if src.op == "call_function" and src.target is aten.cat.default:
+            # the bias gradient of a cat (GPT-2's q, k, v gradients made one [B*T, 3C]
+            # tensor for the matmuls): folded, the sum joins the cat's region and its
+            # column reduction reads the three pieces through views, 1.44 ms a GPT-2
+            # step on an H200 against 0.60 for the cat and a sum of its result (call f)
+            return False
         dims = list(range(src_rank - 1))
     elif reduced == [rank - 1] and keepdim:
         # the result [..., 1] is a row view of the source's [rows, 1]: the elementwise ops
