@@ -127,7 +127,7 @@ def _frozen(x: Any) -> Any:
     return x
 
 
-def _escaping(graph: fx.Graph) -> set[fx.Node]:
+def escaping(graph: fx.Graph) -> set[fx.Node]:
     """The nodes whose storage a graph output holds: the outputs and, through views, what
     they view (y.reshape(...) of a channels-last y is a clone, then a view of it)."""
     out = next(n for n in graph.nodes if n.op == "output")
@@ -146,7 +146,7 @@ def _escaping(graph: fx.Graph) -> set[fx.Node]:
 def dedupe(graph: fx.Graph) -> int:
     """Replace each repeated call of a pure ATen op by its first. Returns how many went."""
     seen: dict[Any, fx.Node] = {}
-    escaping = _escaping(graph)
+    held = escaping(graph)
     gone = 0
     for n in list(graph.nodes):
         if not _pure(n):
@@ -158,11 +158,11 @@ def dedupe(graph: fx.Graph) -> int:
         first = seen.setdefault(key, n)
         if first is n:
             continue
-        if n in escaping and first in escaping:  # two outputs would share one storage
+        if n in held and first in held:  # two outputs would share one storage
             continue
         n.replace_all_uses_with(first)
         graph.erase_node(n)
         gone += 1
-        if first not in escaping and n in escaping:
-            escaping = _escaping(graph)
+        if first not in held and n in held:
+            held = escaping(graph)
     return gone

@@ -33,6 +33,7 @@ from torch import fx
 from fuser.dynamo import pointwise
 from fuser.dynamo.context import LOWERINGS
 from fuser.dynamo.reductions import reduce_dims
+from fuser.dynamo.tidy import escaping
 
 aten = torch.ops.aten
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
@@ -88,33 +89,41 @@ def _view(graph: fx.Graph, x: fx.Node, shape: list) -> fx.Node:
     return v
 
 
+def _reduces(n: fx.Node, rank: int) -> str | None:
+    """What reduction `n` does to its rank-`rank` operand that a row view commutes with:
+    "rows" (over all leading dims: a bias gradient), "last" (over the last dim, kept: the
+    mean of a written-out RMSNorm), or None."""
+    if n.target not in REDUCTIONS or len(n.args) < 2 or rank < 2:
+        return None
+    keepdim = bool(n.args[2]) if len(n.args) > 2 else bool(n.kwargs.get("keepdim", False))
+    dims = reduce_dims(rank, n.args[1])
+    if dims == list(range(rank - 1)):
+        return "rows"
+    return "last" if dims == [rank - 1] and keepdim else None
+
+
 def _fold_reduction(graph: fx.Graph, n: fx.Node) -> bool:
     v = n.args[0]
-    if not is_row_view(v) or len(n.args) < 2:
+    if not is_row_view(v):
         return False
-    # a dtype (CUDA autocast gives sum one: dtype=float32) is the same on both sides
-    rank, src = len(_shape(v)), v.args[0]
-    reduced = reduce_dims(rank, n.args[1])
+    src = v.args[0]
+    kind = _reduces(n, len(_shape(v)))
+    if kind == "rows" and src.op == "call_function" and src.target is aten.cat.default:
+        # the bias gradient of a cat (GPT-2's q, k, v gradients made one [B*T, 3C] tensor
+        # for the matmuls): folded, the sum joins the cat's region and its column
+        # reduction reads the three pieces through views, 1.44 ms a GPT-2 step on an
+        # H200 against 0.60 for the cat and a sum of its result (session 18, call f)
+        return False
+    if kind is None:
+        return False
     src_rank = len(_shape(src))
+    # "last": the result [..., 1] is a row view of the source's [rows, 1], which the
+    # elementwise ops after it can sink through too (see _sink_through)
+    dims = list(range(src_rank - 1)) if kind == "rows" else [src_rank - 1]
     keepdim = bool(n.args[2]) if len(n.args) > 2 else bool(n.kwargs.get("keepdim", False))
-    if rank < 2:
-        return False
-    if reduced == list(range(rank - 1)):
-        if src.op == "call_function" and src.target is aten.cat.default:
-            # the bias gradient of a cat (GPT-2's q, k, v gradients made one [B*T, 3C]
-            # tensor for the matmuls): folded, the sum joins the cat's region and its
-            # column reduction reads the three pieces through views, 1.44 ms a GPT-2
-            # step on an H200 against 0.60 for the cat and a sum of its result (call f)
-            return False
-        dims = list(range(src_rank - 1))
-    elif reduced == [rank - 1] and keepdim:
-        # the result [..., 1] is a row view of the source's [rows, 1]: the elementwise ops
-        # after it can sink through it too (see _sink_through)
-        dims = [src_rank - 1]
-    else:
-        return False
+    # a dtype (CUDA autocast gives sum one: dtype=float32) is the same on both sides
+    kwargs = {k: a for k, a in n.kwargs.items() if k != "keepdim"}
     with graph.inserting_before(n):
-        kwargs = {k: a for k, a in n.kwargs.items() if k != "keepdim"}
         r = graph.call_function(n.target, (src, dims, keepdim), kwargs)
         r.meta["val"] = n.target(_val(src), dims, keepdim, **kwargs)
         out = _view(graph, r, _shape(n))
@@ -276,14 +285,8 @@ def _helped(graph: fx.Graph) -> dict:
 
 def _folds(u: fx.Node, n: fx.Node) -> bool:
     """Whether reduction `u` of `n` would fold were `n` a row view (_fold_reduction)."""
-    if u.target not in REDUCTIONS or u.args[0] is not n or len(u.args) < 2:
-        return False
     shape = _shape(n)
-    if not shape or len(shape) < 3:
-        return False
-    keepdim = bool(u.args[2]) if len(u.args) > 2 else bool(u.kwargs.get("keepdim", False))
-    dims = reduce_dims(len(shape), u.args[1])
-    return dims == list(range(len(shape) - 1)) or (dims == [len(shape) - 1] and keepdim)
+    return u.args[0] is n and bool(shape) and len(shape) > 2 and _reduces(u, len(shape)) is not None
 
 
 def sink_row_views(graph: fx.Graph, passes: int = 16) -> int:
@@ -320,13 +323,15 @@ def sink_row_views(graph: fx.Graph, passes: int = 16) -> int:
 def _merge_repeated_views(graph: fx.Graph) -> None:
     """One node for each view of one source to one shape: each op moved below a view
     made its own of its operands (three [B*T, C] views of one saved activation in an
-    RMSNorm backward), and a region reads each of its inputs separately."""
+    RMSNorm backward), and a region reads each of its inputs separately. A view a graph
+    output holds stays its own (two outputs would be one tensor; tidy.dedupe's rule)."""
     first: dict[tuple, fx.Node] = {}
+    outputs = escaping(graph)
     for n in list(graph.nodes):
-        if n.op != "call_function" or n.target not in VIEWS or not isinstance(n.args[0], fx.Node):
+        if n.op != "call_function" or n.target not in VIEWS or n in outputs:
             continue
         shape = _shape(n)
-        if shape is None or len(n.args) != 2 or n.kwargs:
+        if shape is None or len(n.args) != 2 or n.kwargs or not isinstance(n.args[0], fx.Node):
             continue
         key = (n.args[0], tuple(shape))
         if key in first:

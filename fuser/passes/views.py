@@ -142,33 +142,24 @@ class _Views:
             return self.ops.broadcast_in_dim(self.t(self.read(src, m)), shape, bdims).value
         return self.view(v, m)
 
-    def row_broadcast_read(
-        self, src: Value, bdims: tuple, shape: tuple, m: ColMap, depth: int = 0
-    ) -> Value | None:
+    def row_broadcast_read(self, src: Value, bdims: tuple, shape: tuple, m: ColMap) -> Value | None:
         """broadcast_in_dim(src, shape, bdims) read through `m`, as a view of the
         broadcast of the kernel input under `src`, with the casts between them (of a
-        bf16 sin) applied after: None where something else is under it (a value the
-        kernel would compute before the broadcast)."""
+        bf16 sin) applied after: None where other math is under it. A cast costs nothing
+        per element; other math (a sin computed from positions) would run once per head
+        after the broadcast, and the view under it is cheaper."""
+        casts = []
         p = self._producer(src)
-        if p is None:
-            b = self.ops.broadcast_in_dim(self.t(src), shape, list(bdims))
-            return self.view(b.value, m)
-        if p.op != Op.CAST or depth > 8:
-            # a cast costs nothing per element; other math (a sin computed from positions)
-            # would run once per head after the broadcast: the view under it is cheaper
+        while p is not None and p.op == Op.CAST:
+            casts.append(p)
+            src = p.inputs[0]
+            p = self._producer(src)
+        if p is not None:
             return None
-        args = []
-        for x in p.inputs:
-            if x.rank == 0:
-                args.append(self.t(x))
-                continue
-            if tuple(x.shape) != tuple(src.shape):
-                return None
-            r = self.row_broadcast_read(x, bdims, shape, m, depth + 1)
-            if r is None:
-                return None
-            args.append(self.t(r))
-        return self.rw.builder.add(p.op, args, dict(p.attrs))[0].value
+        out = self.view(self.ops.broadcast_in_dim(self.t(src), shape, list(bdims)).value, m)
+        for c in reversed(casts):
+            out = self.rw.builder.add(Op.CAST, [self.t(out)], dict(c.attrs))[0].value
+        return out
 
     def view(self, v: Value, m: ColMap) -> Value:
         attrs = {
