@@ -126,3 +126,21 @@ def test_the_bias_sum_of_a_cat_reads_its_result() -> None:
     assert sums == {aten.reshape.default, aten.exp.default}, sums
     for a, b in zip(t.run(xs), want):
         torch.testing.assert_close(a, b)
+
+
+def test_a_sum_over_the_unit_rows_of_a_vector_stays() -> None:
+    """[C] viewed as [1, C], summed over dim 0 (the bias gradient of F.linear on a vector):
+    the source has no leading dims to reduce, and sum over an empty dim list reduces every
+    dim in ATen, so the fold would give a scalar (found by fuser.fuzz.programs)."""
+    t = _Graph()
+    x = t.input("x", 24)
+    v = t.op(aten.reshape.default, x, [1, 24])
+    s = t.op(aten.sum.dim_IntList, v, [0])
+    t.g.output((s,))
+    xs = [torch.randn(24, generator=torch.Generator().manual_seed(3))]
+    (want,) = t.run(xs)
+    sink_row_views(t.g)
+    t.g.lint()
+    (got,) = t.run(xs)
+    assert got.shape == (24,)
+    torch.testing.assert_close(got, want)

@@ -117,6 +117,10 @@ def _fold_reduction(graph: fx.Graph, n: fx.Node) -> bool:
     if kind is None:
         return False
     src_rank = len(_shape(src))
+    if kind == "rows" and src_rank < 2:
+        # a [C] source viewed as [1, C]: no leading dims to reduce, and an empty dim list
+        # would make ATen's sum reduce everything (F.linear of a vector, its bias gradient)
+        return False
     # "last": the result [..., 1] is a row view of the source's [rows, 1], which the
     # elementwise ops after it can sink through too (see _sink_through)
     dims = list(range(src_rank - 1)) if kind == "rows" else [src_rank - 1]

@@ -1,0 +1,180 @@
+"""Run a random program (generate.py) eager and through torch.compile(backend="fuser"),
+forward and backward, and judge the difference.
+
+The reference is eager in float64. Eager float32's own distance from it is the noise: a
+result of fuser passes where its distance is within NOISE_FACTOR times eager's plus a
+floor (FLOOR, relative to the tensor's largest magnitude). Under bf16 autocast (`amp`) the
+reference is eager float32 without autocast and the noise eager's autocast run: fuser must
+be as close to eager-with-autocast as that is to float32 (twice, plus the floor), which
+leaves room for bf16 roundings done in another order and nothing more.
+
+Each program is called three times with new values (the same shapes and layouts): the
+first call plans, later ones run the generated call program, whose memory plan and
+launch arguments only a second call exercises. The backward's upstream gradients are
+random too. NaN and infinity must sit where the reference has them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812  (the programs' own spelling)
+
+from fuser.fuzz.programs.generate import Input, Program
+
+NOISE_FACTOR = 8.0
+FLOOR = {torch.float32: 2e-5, torch.bfloat16: 2e-3}
+CALLS = 3
+IGNORED = -100  # cross-entropy's ignore_index, given to some targets
+
+
+@dataclass
+class Verdict:
+    """What one program did: `ok`, or `problem` (the first mismatch or the error) with
+    `detail`; `regions`: fused regions fuser made (0: it left the program to ATen)."""
+
+    seed: int
+    ok: bool
+    problem: str = ""
+    detail: str = ""
+    regions: int = 0
+    fallbacks: list[str] = field(default_factory=list)  # regions left to ATen, and why
+    checked: list[str] = field(default_factory=list)
+
+
+def _storage(spec: Input, g: torch.Generator, device: str) -> torch.Tensor:
+    shape = spec.shape
+    if spec.kind == "ids":
+        t = torch.randint(0, spec.high, shape, generator=g)
+        if spec.ignore and t.numel() > 1:  # a cross-entropy target ignored
+            t[torch.randint(0, t.numel(), (1,), generator=g)] = IGNORED
+        return t.to(device)
+    if spec.layout == "transposed":
+        base = torch.randn(shape[:-2] + (shape[-1], shape[-2]), generator=g)
+        return base.to(device).transpose(-1, -2)
+    if spec.layout == "sliced" and shape:
+        base = torch.randn(shape[:-1] + (shape[-1] + 3,), generator=g)
+        return base.to(device)[..., 1 : 1 + shape[-1]]
+    if spec.layout == "offset":
+        return torch.randn(math.prod(shape) + 1, generator=g).to(device)[1:].view(shape)
+    return torch.randn(shape, generator=g).to(device)
+
+
+def make_inputs(program: Program, seed: int, device: str) -> list[torch.Tensor]:
+    """Float32 inputs of `program` in the layouts it asks for, drawn from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    return [_storage(spec, g, device) for spec in program.inputs]
+
+
+def _leaves(inputs: list[torch.Tensor], program: Program, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Fresh copies of the float inputs in `dtype`, each in its input's layout (strides,
+    storage offset), requiring grad where the program says."""
+    out = []
+    for t, spec in zip(inputs, program.inputs):
+        if spec.kind != "float":
+            out.append(t)
+            continue
+        size = t.untyped_storage().nbytes() // t.element_size()
+        leaf = torch.empty(size, dtype=dtype, device=t.device)
+        leaf = leaf.as_strided(t.shape, t.stride(), t.storage_offset())
+        leaf.copy_(t)
+        out.append(leaf.requires_grad_(spec.grad))
+    return out
+
+
+def _run(fn: Any, args: list[torch.Tensor], ups_seed: int, amp: bool) -> list[torch.Tensor | None]:
+    """Forward outputs, then the gradient of every input that requires grad (None where
+    it gets none), for random upstream gradients drawn from `ups_seed`."""
+    dev = args[0].device.type
+    with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
+        outs = list(fn(*args))
+    wrt = [a for a in args if a.requires_grad]
+    diff = [o for o in outs if o.requires_grad]
+    g = torch.Generator().manual_seed(ups_seed)
+    ups = [torch.randn(o.shape, generator=g).to(o) for o in diff]
+    grads: list[torch.Tensor | None] = []
+    if wrt and diff:
+        grads = list(torch.autograd.grad(diff, wrt, ups, allow_unused=True))
+    return [o.detach() for o in outs] + grads
+
+
+def _distance(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |got - ref| over the reference's largest magnitude; inf where NaN or infinity
+    differ in place."""
+    got, ref = got.double(), ref.double()
+    if (got.isnan() != ref.isnan()).any():
+        return math.inf
+    fin = ref.isfinite()
+    if (got[~fin] != ref[~fin]).any():
+        return math.inf
+    if not fin.any():
+        return 0.0
+    g, r = got[fin], ref[fin]
+    scale = r.abs().max().item()
+    return (g - r).abs().max().item() / max(scale, 1e-30)
+
+
+def _compare(names: list[str], got: list, noisy: list, ref: list, floor: float) -> tuple[str, str]:
+    for name, a, n, r in zip(names, got, noisy, ref):
+        if r is None or n is None:
+            if a is not None and r is not None:
+                return f"{name}: a gradient where eager has none", ""
+            continue
+        if a is None:
+            return f"{name}: no gradient where eager has one", ""
+        if a.shape != r.shape:
+            return f"{name}: shape {tuple(a.shape)}, eager {tuple(r.shape)}", ""
+        if a.dtype != n.dtype:
+            return f"{name}: dtype {a.dtype}, eager {n.dtype}", ""
+        err, noise = _distance(a, r), _distance(n, r)
+        if err > NOISE_FACTOR * noise + floor:
+            detail = f"{name}: relative distance {err:.3g} from the reference, eager's {noise:.3g}"
+            return f"{name} differs", detail
+    return "", ""
+
+
+def _names(program: Program, n_out: int, args: list[torch.Tensor]) -> list[str]:
+    wrt = [s.name for s, a in zip(program.inputs, args) if a.requires_grad]
+    return [f"output {i}" for i in range(n_out)] + [f"grad {w}" for w in wrt]
+
+
+def judge(program: Program, backend: Any, device: str, amp: bool = False) -> Verdict:
+    """Compile `program` with `backend` (a FuserBackend) and check CALLS calls of it."""
+    scope: dict[str, Any] = {"torch": torch, "F": F}
+    exec(compile(program.source, f"<program {program.seed}>", "exec"), scope)  # noqa: S102
+    fn = scope["program"]
+    compiled = torch.compile(fn, backend=backend, fullgraph=False)
+    v = Verdict(program.seed, True)
+    before = len(backend.captures)
+    for call in range(CALLS):
+        base = make_inputs(program, program.seed * 7919 + call, device)
+        ups = program.seed * 31 + call
+        if amp:
+            ref = _run(fn, _leaves(base, program, torch.float32), ups, False)
+            noisy = _run(fn, _leaves(base, program, torch.float32), ups, True)
+        else:
+            ref = _run(fn, _leaves([t.cpu() for t in base], program, torch.float64), ups, False)
+            noisy = _run(fn, _leaves(base, program, torch.float32), ups, False)
+        args32 = _leaves(base, program, torch.float32)
+        try:
+            got = _run(compiled, args32, ups, amp)
+        except Exception as e:  # noqa: BLE001  (every error of fuser's is a finding)
+            v.ok, v.problem = False, f"call {call}: {type(e).__name__}"
+            v.detail = str(e).strip().splitlines()[0][:400] if str(e).strip() else ""
+            break
+        n_out = len(got) - sum(1 for a in args32 if a.requires_grad)
+        names = _names(program, n_out, args32)
+        ref = [r.to(device) if r is not None else None for r in ref]
+        floor = FLOOR[torch.bfloat16 if amp else torch.float32]
+        problem, detail = _compare(names, got, noisy, ref, floor)
+        if problem:
+            v.ok, v.problem, v.detail = False, f"call {call}: {problem}", detail
+            break
+        v.checked = names
+    graphs = [g for c in backend.captures[before:] for g in c.graphs]
+    v.regions = sum(len(g.fused) for g in graphs)
+    v.fallbacks = [str(f) for g in graphs for f in g.fallbacks]
+    return v
