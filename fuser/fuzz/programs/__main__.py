@@ -29,9 +29,13 @@ def _device(arg: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fuser.fuzz.programs", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m fuser.fuzz.programs", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--seconds", type=float, default=600.0, help="time budget (default 600)")
-    ap.add_argument("--count", type=int, default=0, help="stop after this many programs (0: no limit)")
+    ap.add_argument(
+        "--count", type=int, default=0, help="stop after this many programs (0: no limit)"
+    )
     ap.add_argument("--seed", type=int, default=1, help="programs are drawn from seed*1e6 + i")
     ap.add_argument("--device", default="auto", help="cuda, cpu or auto")
     ap.add_argument("--backend", default=None, help="triton or cuda (default: FUSER_BACKEND's)")
@@ -88,11 +92,15 @@ def main(argv: list[str] | None = None) -> int:
             counts["passed"] += 1
             continue
         counts["failed"] += 1
-        failures.append({"seed": seed, "problem": v.problem, "detail": v.detail, "source": program.source})
+        failures.append(
+            {"seed": seed, "problem": v.problem, "detail": v.detail, "source": program.source}
+        )
         print(f"FAIL seed {seed}: {v.problem}\n  {v.detail}\n{program.source}", flush=True)
     elapsed = time.perf_counter() - start
     summary = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
-    print(f"{summary} in {elapsed:.0f} s (device {device}, backend {config.backend}, amp {args.amp})")
+    print(
+        f"{summary} in {elapsed:.0f} s (device {device}, backend {config.backend}, amp {args.amp})"
+    )
     if args.json:
         record = dict(counts=dict(counts), seconds=elapsed, seed=args.seed, device=device,
                       backend=config.backend, amp=args.amp, failures=failures)  # fmt: skip

@@ -27,8 +27,9 @@ LAYOUTS = ("contiguous", "contiguous", "contiguous", "transposed", "sliced", "of
 
 @dataclass(frozen=True)
 class Input:
-    """A program argument: `kind` "float" (randn) or "ids" (int64 in [0, high)); `layout` how its storage is laid out (contiguous, the last two dims
-    transposed, a slice of wider rows, one element past an aligned start)."""
+    """A program argument: `kind` "float" (randn) or "ids" (int64 in [0, high));
+    `layout` how its storage is laid out (contiguous, the last two dims transposed, a
+    slice of wider rows, one element past an aligned start)."""
 
     name: str
     shape: Shape
@@ -77,6 +78,8 @@ class _Builder:
         self.program = Program(seed, [])
         self.values: list[_Value] = []
         self.count = 0
+        self.mutable: set[str] = set()  # inputs that do not require grad
+        self.ints: list[str] = []  # integer results (argmax)
 
     def input(self, shape: Shape, grad: bool, layout: str | None = None) -> _Value:
         name = f"x{len(self.program.inputs)}"
@@ -84,6 +87,8 @@ class _Builder:
         if lay == "transposed" and len(shape) < 2:
             lay = "contiguous"
         self.program.inputs.append(Input(name, shape, "float", grad, lay))
+        if not grad:
+            self.mutable.add(name)
         v = _Value(name, shape)
         self.values.append(v)
         return v
@@ -209,7 +214,9 @@ def _row_op(b: _Builder) -> None:
         return
     rng = b.rng
     n, c = a.name, a.shape[-1]
-    kind = rng.choice(("softmax", "log_softmax", "layer_norm", "rms_norm", "rms_written", "ln_written"))
+    kind = rng.choice(
+        ("softmax", "log_softmax", "layer_norm", "rms_norm", "rms_written", "ln_written")
+    )
     if kind in ("softmax", "log_softmax"):
         dim = rng.randrange(len(a.shape)) if rng.random() < 0.3 else -1
         b.emit(f"torch.{kind}({n}, dim={dim})", a.shape)
@@ -321,7 +328,9 @@ def _view(b: _Builder) -> None:
         other = b.same_shape(s)
         if other is None or _numel(s) * 2 > MAX_NUMEL:
             return None
-        parts = [a.name, other.name] if rng.random() < 0.5 else [a.name, f"torch.tanh({other.name})"]
+        parts = (
+            [a.name, other.name] if rng.random() < 0.5 else [a.name, f"torch.tanh({other.name})"]
+        )
         return f"torch.cat([{', '.join(parts)}], dim={i})", s[:i] + (2 * s[i],) + s[i + 1 :]
 
     def rotate_half() -> tuple[str, Shape] | None:
@@ -391,6 +400,59 @@ def _cross_entropy(b: _Builder) -> None:
     b.emit(expr, (rows,) if "none" in red else ())
 
 
+def _in_place(b: _Builder) -> None:
+    """An in-place op on a clone, or on an input that does not require grad (a graph
+    input mutation, which the compiled program must carry back to the caller's tensor)."""
+    rng = b.rng
+    op = rng.choice(("mul_(0.5)", "add_(1.0)", "clamp_(-1.0, 1.0)", "sigmoid_()"))
+    targets = [v for v in b.values if v.name in b.mutable]
+    if targets and rng.random() < 0.5:
+        t = rng.choice(targets)
+        b.program.lines.append(f"{t.name}.{op}")
+        b.mutable.discard(t.name)  # once: a later view of it would see the new values
+        b.emit(f"{t.name} * 1.0", t.shape)
+        return
+    a = b.pick()
+    v = b.emit(f"{a.name}.clone()", a.shape)
+    b.program.lines.append(f"{v.name}.{op}")
+
+
+def _positions(b: _Builder) -> None:
+    """Math on torch.arange (positions, masks): values the graph makes itself."""
+    a = b.pick()
+    if not a.shape:
+        return
+    c, n = a.shape[-1], a.name
+    rng = b.rng
+    if rng.random() < 0.5:
+        expr = f"torch.where(torch.arange({c}, device={n}.device) % 3 == 0, {n}, 0.0)"
+    else:  # a rotary-like table: sin and cos of positions times frequencies
+        expr = f"{n} * torch.cos(torch.arange({c}, device={n}.device) * 0.37) + torch.sin({n})"
+    b.emit(expr, a.shape)
+
+
+def _attention(b: _Builder) -> None:
+    """scaled_dot_product_attention of a [..., T, D] value with itself."""
+    a = b.pick()
+    if len(a.shape) < 3:
+        return
+    causal = b.rng.choice((True, False))
+    n = a.name
+    b.emit(
+        f"F.scaled_dot_product_attention({n}, torch.tanh({n}), {n}, is_causal={causal})", a.shape
+    )
+
+
+def _argmax(b: _Builder) -> None:
+    """An integer result (no gradient), returned beside the rest."""
+    a = b.pick()
+    if not a.shape:
+        return
+    name = f"i{b.count}"
+    b.program.lines.append(f"{name} = {a.name}.argmax(dim=-1)")
+    b.ints.append(name)
+
+
 OPS: tuple[tuple[Callable[[_Builder], None], float], ...] = (
     (_unary, 3.0),
     (_binary, 3.0),
@@ -400,6 +462,10 @@ OPS: tuple[tuple[Callable[[_Builder], None], float], ...] = (
     (_matmul, 1.0),
     (_embedding, 0.3),
     (_cross_entropy, 0.3),
+    (_in_place, 0.4),
+    (_positions, 0.3),
+    (_attention, 0.3),
+    (_argmax, 0.15),
 )
 
 
@@ -410,6 +476,8 @@ def _start(b: _Builder) -> None:
         shape = tuple(rng.choice(DIMS) for _ in range(rng.choice((1, 2, 3, 3, 4))))
         if 1 < _numel(shape) <= MAX_NUMEL // 2:
             break
+    if rng.random() < 0.03:  # an empty batch
+        shape = (0,) + shape[1:]
     b.input(shape, grad=rng.random() < 0.8)
     if rng.random() < 0.4:  # a second activation of the same shape (a residual stream)
         b.input(shape, grad=rng.random() < 0.5)
@@ -431,5 +499,5 @@ def draw_program(seed: int, length: int | None = None) -> Program:
     returns = [computed[-1]]
     extra = [v for v in computed[:-1] if rng.random() < 0.25]
     returns += extra[:2]
-    b.program.returns = [v.name for v in returns]
+    b.program.returns = [v.name for v in returns] + b.ints[:1]
     return b.program

@@ -85,20 +85,27 @@ def _leaves(inputs: list[torch.Tensor], program: Program, dtype: torch.dtype) ->
     return out
 
 
-def _run(fn: Any, args: list[torch.Tensor], ups_seed: int, amp: bool) -> list[torch.Tensor | None]:
-    """Forward outputs, then the gradient of every input that requires grad (None where
-    it gets none), for random upstream gradients drawn from `ups_seed`."""
+def _run(
+    fn: Any, args: list[torch.Tensor], program: Program, ups_seed: int, amp: bool
+) -> dict[str, Any]:
+    """By name: the forward's outputs, the gradient of every input that requires grad
+    (None where it gets none) for random upstream gradients drawn from `ups_seed`, and
+    the inputs that do not, after the call (a program may change them in place)."""
     dev = args[0].device.type
     with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
         outs = list(fn(*args))
-    wrt = [a for a in args if a.requires_grad]
+    got: dict[str, Any] = {f"output {i}": o.detach() for i, o in enumerate(outs)}
+    wrt = [(s.name, a) for s, a in zip(program.inputs, args) if a.requires_grad]
     diff = [o for o in outs if o.requires_grad]
     g = torch.Generator().manual_seed(ups_seed)
     ups = [torch.randn(o.shape, generator=g).to(o) for o in diff]
-    grads: list[torch.Tensor | None] = []
     if wrt and diff:
-        grads = list(torch.autograd.grad(diff, wrt, ups, allow_unused=True))
-    return [o.detach() for o in outs] + grads
+        grads = torch.autograd.grad(diff, [a for _, a in wrt], ups, allow_unused=True)
+        got.update({f"grad {n}": gr for (n, _), gr in zip(wrt, grads)})
+    for spec, a in zip(program.inputs, args):
+        if spec.kind == "float" and not a.requires_grad:
+            got[f"input {spec.name} after the call"] = a
+    return got
 
 
 def _distance(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -107,9 +114,10 @@ def _distance(got: torch.Tensor, ref: torch.Tensor) -> float:
     got, ref = got.double(), ref.double()
     if (got.isnan() != ref.isnan()).any():
         return math.inf
-    fin = ref.isfinite()
-    if (got[~fin] != ref[~fin]).any():
+    inf = ref.isinf()
+    if (got[inf] != ref[inf]).any() or got[~inf].isinf().any():
         return math.inf
+    fin = ref.isfinite()
     if not fin.any():
         return 0.0
     g, r = got[fin], ref[fin]
@@ -117,28 +125,31 @@ def _distance(got: torch.Tensor, ref: torch.Tensor) -> float:
     return (g - r).abs().max().item() / max(scale, 1e-30)
 
 
-def _compare(names: list[str], got: list, noisy: list, ref: list, floor: float) -> tuple[str, str]:
-    for name, a, n, r in zip(names, got, noisy, ref):
-        if r is None or n is None:
-            if a is not None and r is not None:
-                return f"{name}: a gradient where eager has none", ""
+def _compare(got: dict, noisy: dict, ref: dict, floor: float) -> tuple[str, str]:
+    if list(got) != list(ref):
+        return f"results {list(got)}, eager's {list(ref)}", ""
+    for name, r in ref.items():
+        a, n = got[name], noisy[name]
+        if r is None or a is None:
+            if (a is None) != (r is None):
+                return f"{name}: {'no' if a is None else 'a'} gradient, unlike eager", ""
             continue
-        if a is None:
-            return f"{name}: no gradient where eager has one", ""
         if a.shape != r.shape:
             return f"{name}: shape {tuple(a.shape)}, eager {tuple(r.shape)}", ""
         if a.dtype != n.dtype:
             return f"{name}: dtype {a.dtype}, eager {n.dtype}", ""
+        if not a.is_floating_point():
+            if not torch.equal(a.cpu(), n.cpu()):
+                return (
+                    f"{name} differs",
+                    f"{name}: integers differ at {int((a.cpu() != n.cpu()).sum())} places",
+                )
+            continue
         err, noise = _distance(a, r), _distance(n, r)
         if err > NOISE_FACTOR * noise + floor:
             detail = f"{name}: relative distance {err:.3g} from the reference, eager's {noise:.3g}"
             return f"{name} differs", detail
     return "", ""
-
-
-def _names(program: Program, n_out: int, args: list[torch.Tensor]) -> list[str]:
-    wrt = [s.name for s, a in zip(program.inputs, args) if a.requires_grad]
-    return [f"output {i}" for i in range(n_out)] + [f"grad {w}" for w in wrt]
 
 
 def judge(program: Program, backend: Any, device: str, amp: bool = False) -> Verdict:
@@ -153,27 +164,26 @@ def judge(program: Program, backend: Any, device: str, amp: bool = False) -> Ver
         base = make_inputs(program, program.seed * 7919 + call, device)
         ups = program.seed * 31 + call
         if amp:
-            ref = _run(fn, _leaves(base, program, torch.float32), ups, False)
-            noisy = _run(fn, _leaves(base, program, torch.float32), ups, True)
+            ref = _run(fn, _leaves(base, program, torch.float32), program, ups, False)
+            noisy = _run(fn, _leaves(base, program, torch.float32), program, ups, True)
         else:
-            ref = _run(fn, _leaves([t.cpu() for t in base], program, torch.float64), ups, False)
-            noisy = _run(fn, _leaves(base, program, torch.float32), ups, False)
-        args32 = _leaves(base, program, torch.float32)
+            ref = _run(
+                fn, _leaves([t.cpu() for t in base], program, torch.float64), program, ups, False
+            )
+            noisy = _run(fn, _leaves(base, program, torch.float32), program, ups, False)
         try:
-            got = _run(compiled, args32, ups, amp)
+            got = _run(compiled, _leaves(base, program, torch.float32), program, ups, amp)
         except Exception as e:  # noqa: BLE001  (every error of fuser's is a finding)
             v.ok, v.problem = False, f"call {call}: {type(e).__name__}"
             v.detail = str(e).strip().splitlines()[0][:400] if str(e).strip() else ""
             break
-        n_out = len(got) - sum(1 for a in args32 if a.requires_grad)
-        names = _names(program, n_out, args32)
-        ref = [r.to(device) if r is not None else None for r in ref]
+        ref = {k: r.to(device) if r is not None else None for k, r in ref.items()}
         floor = FLOOR[torch.bfloat16 if amp else torch.float32]
-        problem, detail = _compare(names, got, noisy, ref, floor)
+        problem, detail = _compare(got, noisy, ref, floor)
         if problem:
             v.ok, v.problem, v.detail = False, f"call {call}: {problem}", detail
             break
-        v.checked = names
+        v.checked = list(got)
     graphs = [g for c in backend.captures[before:] for g in c.graphs]
     v.regions = sum(len(g.fused) for g in graphs)
     v.fallbacks = [str(f) for g in graphs for f in g.fallbacks]
