@@ -27,6 +27,7 @@ from fuser.fuzz.programs.generate import Input, Program
 
 NOISE_FACTOR = 8.0
 FLOOR = {torch.float32: 2e-5, torch.bfloat16: 2e-3}
+SCALE_FLOOR = 1e-3  # the smallest magnitude a distance is taken relative to
 CALLS = 3
 IGNORED = -100  # cross-entropy's ignore_index, given to some targets
 
@@ -109,8 +110,8 @@ def _run(
 
 
 def _distance(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |got - ref| over the reference's largest magnitude; inf where NaN or infinity
-    differ in place."""
+    """max |got - ref| over the reference's largest magnitude (at least SCALE_FLOOR); inf
+    where NaN or infinity differ in place."""
     got, ref = got.double(), ref.double()
     if (got.isnan() != ref.isnan()).any():
         return math.inf
@@ -121,8 +122,10 @@ def _distance(got: torch.Tensor, ref: torch.Tensor) -> float:
     if not fin.any():
         return 0.0
     g, r = got[fin], ref[fin]
-    scale = r.abs().max().item()
-    return (g - r).abs().max().item() / max(scale, 1e-30)
+    # a floor on the scale: a variance of equal values is 0 exactly in float64 and a few
+    # ulps of the values in float32, however it is summed
+    scale = max(r.abs().max().item(), SCALE_FLOOR)
+    return (g - r).abs().max().item() / scale
 
 
 def _compare(got: dict, noisy: dict, ref: dict, floor: float) -> tuple[str, str]:
