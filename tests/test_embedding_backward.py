@@ -151,6 +151,25 @@ def test_compiled_embedding_padding_and_freq(_fresh_dynamo):
     assert "fuser_embedding_backward" in text and "padding_idx=4, scale_grad_by_freq" in text
 
 
+def test_compiled_embedding_with_symbolic_sizes(_fresh_dynamo):
+    """torch.compile(dynamic=True): the backward's num_weights is a size node, which the
+    run-time specialization (lower.py) puts in as a constant before lowering; the
+    embedding backward read it as an int and failed (found by fuser.fuzz.programs)."""
+    from fuser.dynamo import FuserBackend
+
+    def f(w, i):
+        return torch.tanh(F.embedding(i, w)) * 2.0
+
+    grad, index = _data(12, torch.float32, seed=9, shape=(3, 7))
+    w0 = torch.randn(V, 12).to(DEVICE)
+    w1, w2 = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+    backend = FuserBackend(strict=True)
+    torch.compile(f, backend=backend, dynamic=True)(w1, index).backward(grad)
+    f(w2, index).backward(grad)
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-5, atol=1e-5)
+    assert "fuser_embedding_backward" in _explained(backend)
+
+
 def test_compiled_index_add_and_index_put(_fresh_dynamo):
     from fuser.dynamo import FuserBackend
 

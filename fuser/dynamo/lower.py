@@ -344,7 +344,26 @@ def _propagate(gm: fx.GraphModule, args: list) -> fx.GraphModule:
     with unset_fake_temporarily():
         mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
         FakeTensorProp(copy, mode).propagate(*args)
+    _fold_sizes(copy.graph)
+    copy.recompile()
     return copy
+
+
+def _fold_sizes(graph: fx.Graph) -> None:
+    """Put the sizes this specialization fixed in as constants: every node whose value is
+    now a plain int (a SymInt input, sym_size, arithmetic on sizes) is replaced in its
+    users' arguments by that int, so that lowering sees the graph a static trace gives
+    (rules read sizes as ints: an embedding backward's num_weights was a node). Nodes
+    left unused are dropped; placeholders stay, the call still passes them."""
+    for n in list(graph.nodes):
+        val = n.meta.get("val")
+        if type(val) is not int or n.op not in ("placeholder", "call_function"):
+            continue
+        for user in list(n.users):
+            user.args = fx.map_arg(user.args, lambda a, n=n, val=val: val if a is n else a)
+            user.kwargs = fx.map_arg(user.kwargs, lambda a, n=n, val=val: val if a is n else a)
+        if n.op == "call_function" and not n.users:
+            graph.erase_node(n)
 
 
 def lower_graph(

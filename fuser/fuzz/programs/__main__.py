@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", help="cuda, cpu or auto")
     ap.add_argument("--backend", default=None, help="triton or cuda (default: FUSER_BACKEND's)")
     ap.add_argument("--amp", action="store_true", help="run under bf16 autocast")
+    ap.add_argument("--dynamic", action="store_true", help="compile with symbolic sizes")
     ap.add_argument("--json", type=Path, help="write counts and failures here")
     ap.add_argument("--replay", type=int, help="run the program of this seed and print it")
     args = ap.parse_args(argv)
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             print(program.source)
         backend = FuserBackend(strict=True)
         try:
-            v = judge(program, backend, device, amp=args.amp)
+            v = judge(program, backend, device, amp=args.amp, dynamic=args.dynamic)
         except Exception as e:  # noqa: BLE001  (the harness or eager failed: not fuser's)
             counts["harness error"] += 1
             print(f"seed {seed}: harness error {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
@@ -98,12 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL seed {seed}: {v.problem}\n  {v.detail}\n{program.source}", flush=True)
     elapsed = time.perf_counter() - start
     summary = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
-    print(
-        f"{summary} in {elapsed:.0f} s (device {device}, backend {config.backend}, amp {args.amp})"
-    )
+    mode = dict(device=device, backend=config.backend, amp=args.amp, dynamic=args.dynamic)
+    print(f"{summary} in {elapsed:.0f} s ({', '.join(f'{k} {v}' for k, v in mode.items())})")
     if args.json:
-        record = dict(counts=dict(counts), seconds=elapsed, seed=args.seed, device=device,
-                      backend=config.backend, amp=args.amp, failures=failures)  # fmt: skip
+        record = dict(counts=dict(counts), seconds=elapsed, seed=args.seed, **mode)
+        record["failures"] = failures
         args.json.write_text(json.dumps(record, indent=1))
     return 1 if failures else 0
 

@@ -155,12 +155,15 @@ def _compare(got: dict, noisy: dict, ref: dict, floor: float) -> tuple[str, str]
     return "", ""
 
 
-def judge(program: Program, backend: Any, device: str, amp: bool = False) -> Verdict:
-    """Compile `program` with `backend` (a FuserBackend) and check CALLS calls of it."""
+def judge(
+    program: Program, backend: Any, device: str, amp: bool = False, dynamic: bool = False
+) -> Verdict:
+    """Compile `program` with `backend` (a FuserBackend; with symbolic sizes where
+    `dynamic`, which fuser specializes at run time) and check CALLS calls of it."""
     scope: dict[str, Any] = {"torch": torch, "F": F}
     exec(compile(program.source, f"<program {program.seed}>", "exec"), scope)  # noqa: S102
     fn = scope["program"]
-    compiled = torch.compile(fn, backend=backend, fullgraph=False)
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic or None)
     v = Verdict(program.seed, True)
     before = len(backend.captures)
     for call in range(CALLS):
