@@ -173,3 +173,13 @@ def test_leading_sum_of_unmergeable_input_stays_aten() -> None:
     out, fb = compiled(lambda t: t.sum(0) * 2.0, x)
     torch.testing.assert_close(out, x.sum(0) * 2.0)
     assert notes(fb) == []
+
+
+def test_leading_sum_of_a_transpose_with_a_unit_dim_stays_aten() -> None:
+    """[5, 17, 1, 16] with strides (272, 1, 17, 17) (a transpose of [5, 16, 1, 17]): torch's
+    fake view accepts it as [5, 272], a real view refuses, so mergeability is worked out
+    from the strides (found by fuser.fuzz.programs)."""
+    x = rand(5, 16, 1, 17, seed=15).transpose(1, 3)
+    out, fb = compiled(lambda t: t.mean(0, keepdim=True) * t, x)
+    torch.testing.assert_close(out, x.mean(0, keepdim=True) * x)
+    assert notes(fb) == []

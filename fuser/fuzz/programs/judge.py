@@ -1,9 +1,13 @@
 """Run a random program (generate.py) eager and through torch.compile(backend="fuser"),
 forward and backward, and judge the difference.
 
-The reference is eager in float64. Eager float32's own distance from it is the noise: a
-result of fuser passes where its distance is within NOISE_FACTOR times eager's plus a
-floor (FLOOR, relative to the tensor's largest magnitude). Under bf16 autocast (`amp`) the
+The reference is eager in float64. The noise is the largest distance from it of eager
+float32 and of two float64 runs with every op's result nudged by float32-sized errors
+(noise.py: rounding anywhere, in any order); a result of fuser passes where its distance
+is within NOISE_FACTOR times the noise plus a floor (FLOOR, relative to the tensor's
+largest magnitude). A result that differs is checked against aot_eager (Dynamo and
+AOTAutograd without a compiler): where that is as far off, the program shows a bug of
+torch's, not fuser's (`as_aot_eager`). Under bf16 autocast (`amp`) the
 reference is eager float32 without autocast and the noise eager's autocast run: fuser must
 be as close to eager-with-autocast as that is to float32 (twice, plus the floor), which
 leaves room for bf16 roundings done in another order and nothing more.
@@ -24,6 +28,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (the programs' own spelling)
 
 from fuser.fuzz.programs.generate import Input, Program
+from fuser.fuzz.programs.noise import Perturbed
 
 NOISE_FACTOR = 8.0
 FLOOR = {torch.float32: 2e-5, torch.bfloat16: 2e-3}
@@ -42,6 +47,7 @@ class Verdict:
     problem: str = ""
     detail: str = ""
     regions: int = 0
+    as_aot_eager: bool = False  # aot_eager is as far off: torch's bug, not fuser's
     fallbacks: list[str] = field(default_factory=list)  # regions left to ATen, and why
     checked: list[str] = field(default_factory=list)
 
@@ -128,31 +134,56 @@ def _distance(got: torch.Tensor, ref: torch.Tensor) -> float:
     return (g - r).abs().max().item() / scale
 
 
-def _compare(got: dict, noisy: dict, ref: dict, floor: float) -> tuple[str, str]:
+def _compare(got: dict, noise_runs: list[dict], ref: dict, floor: float) -> tuple[str, str, str]:
+    """(problem, detail, the result's name) of the first result of `got` out of the noise
+    of `noise_runs` around `ref`; empty strings where all agree."""
+    eager = noise_runs[0]
     if list(got) != list(ref):
-        return f"results {list(got)}, eager's {list(ref)}", ""
+        return f"results {list(got)}, eager's {list(ref)}", "", ""
     for name, r in ref.items():
-        a, n = got[name], noisy[name]
+        a, n = got[name], eager[name]
         if r is None or a is None:
             if (a is None) != (r is None):
-                return f"{name}: {'no' if a is None else 'a'} gradient, unlike eager", ""
+                return f"{name}: {'no' if a is None else 'a'} gradient, unlike eager", "", name
             continue
         if a.shape != r.shape:
-            return f"{name}: shape {tuple(a.shape)}, eager {tuple(r.shape)}", ""
+            return f"{name}: shape {tuple(a.shape)}, eager {tuple(r.shape)}", "", name
         if a.dtype != n.dtype:
-            return f"{name}: dtype {a.dtype}, eager {n.dtype}", ""
+            return f"{name}: dtype {a.dtype}, eager {n.dtype}", "", name
         if not a.is_floating_point():
             if not torch.equal(a.cpu(), n.cpu()):
-                return (
-                    f"{name} differs",
-                    f"{name}: integers differ at {int((a.cpu() != n.cpu()).sum())} places",
-                )
+                places = int((a.cpu() != n.cpu()).sum())
+                return f"{name} differs", f"{name}: integers differ at {places} places", name
             continue
-        err, noise = _distance(a, r), _distance(n, r)
+        err = _distance(a, r)
+        noise = max(_distance(run[name], r) for run in noise_runs)
         if err > NOISE_FACTOR * noise + floor:
-            detail = f"{name}: relative distance {err:.3g} from the reference, eager's {noise:.3g}"
-            return f"{name} differs", detail
-    return "", ""
+            detail = f"{name}: relative distance {err:.3g} from the reference, noise {noise:.3g}"
+            return f"{name} differs", detail, name
+    return "", "", ""
+
+
+def _aot_eager_too(
+    fn: Any, base: list, program: Program, ups: int, amp: bool, ref: dict, name: str, got: dict
+) -> bool:
+    """Whether aot_eager's `name` is at least half as far from `ref` as fuser's."""
+    if not name or got.get(name) is None or ref.get(name) is None:
+        return False
+    torch._dynamo.reset()
+    try:
+        other = _run(
+            torch.compile(fn, backend="aot_eager"),
+            _leaves(base, program, torch.float32),
+            program,
+            ups,
+            amp,
+        )
+    except Exception:  # noqa: BLE001  (aot_eager failing is not fuser's result)
+        return False
+    o = other.get(name)
+    if o is None or not o.is_floating_point():
+        return o is not None and torch.equal(o.cpu(), got[name].cpu())
+    return _distance(o, ref[name]) >= 0.5 * _distance(got[name], ref[name])
 
 
 def judge(
@@ -169,14 +200,20 @@ def judge(
     for call in range(CALLS):
         base = make_inputs(program, program.seed * 7919 + call, device)
         ups = program.seed * 31 + call
+        f32 = _leaves(base, program, torch.float32)
         if amp:
-            ref = _run(fn, _leaves(base, program, torch.float32), program, ups, False)
-            noisy = _run(fn, _leaves(base, program, torch.float32), program, ups, True)
+            ref = _run(fn, f32, program, ups, False)
+            noise_runs = [_run(fn, _leaves(base, program, torch.float32), program, ups, True)]
         else:
-            ref = _run(
-                fn, _leaves([t.cpu() for t in base], program, torch.float64), program, ups, False
-            )
-            noisy = _run(fn, _leaves(base, program, torch.float32), program, ups, False)
+            wide = [t.cpu() for t in base]
+            ref = _run(fn, _leaves(wide, program, torch.float64), program, ups, False)
+            noise_runs = [_run(fn, f32, program, ups, False)]
+            for k in range(2):
+                with Perturbed(program.seed * 3 + k):
+                    run = _run(fn, _leaves(wide, program, torch.float64), program, ups, False)
+                noise_runs.append(
+                    {n: t.to(device) if t is not None else None for n, t in run.items()}
+                )
         try:
             got = _run(compiled, _leaves(base, program, torch.float32), program, ups, amp)
         except Exception as e:  # noqa: BLE001  (every error of fuser's is a finding)
@@ -185,9 +222,10 @@ def judge(
             break
         ref = {k: r.to(device) if r is not None else None for k, r in ref.items()}
         floor = FLOOR[torch.bfloat16 if amp else torch.float32]
-        problem, detail = _compare(got, noisy, ref, floor)
+        problem, detail, name = _compare(got, noise_runs, ref, floor)
         if problem:
             v.ok, v.problem, v.detail = False, f"call {call}: {problem}", detail
+            v.as_aot_eager = _aot_eager_too(fn, base, program, ups, amp, ref, name, got)
             break
         v.checked = list(got)
     graphs = [g for c in backend.captures[before:] for g in c.graphs]
