@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default=None, help="triton or cuda (default: FUSER_BACKEND's)")
     ap.add_argument("--amp", action="store_true", help="run under bf16 autocast")
     ap.add_argument("--dynamic", action="store_true", help="compile with symbolic sizes")
+    ap.add_argument("--sizes", choices=("cpu", "gpu"), help="dims drawn (default: device's)")
     ap.add_argument("--json", type=Path, help="write counts and failures here")
     ap.add_argument("--replay", type=int, help="run the program of this seed and print it")
     args = ap.parse_args(argv)
@@ -53,11 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     import fuser  # noqa: F401  (registers the backend; after TRITON_INTERPRET is set)
     from fuser.config import config
     from fuser.dynamo import FuserBackend
-    from fuser.fuzz.programs.generate import draw_program
+    from fuser.fuzz.programs.generate import CPU, GPU, draw_program
     from fuser.fuzz.programs.judge import judge
 
     if args.backend:
         config.backend = args.backend
+    sizes = GPU if (args.sizes or ("gpu" if device == "cuda" else "cpu")) == "gpu" else CPU
     torch._dynamo.config.cache_size_limit = 64
     seeds = [args.replay] if args.replay is not None else None
     start = time.perf_counter()
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             seed = args.seed * 1_000_000 + i
         i += 1
-        program = draw_program(seed)
+        program = draw_program(seed, sizes=sizes)
         if args.replay is not None:
             print(program.source)
         backend = FuserBackend(strict=True)
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     summary = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
     mode = dict(device=device, backend=config.backend, amp=args.amp, dynamic=args.dynamic)
+    mode["sizes"] = "gpu" if sizes is GPU else "cpu"
     print(f"{summary} in {elapsed:.0f} s ({', '.join(f'{k} {v}' for k, v in mode.items())})")
     if args.json:
         record = dict(counts=dict(counts), seconds=elapsed, seed=args.seed, **mode)

@@ -19,9 +19,20 @@ from dataclasses import dataclass, field
 
 Shape = tuple[int, ...]
 
-# sizes a dim is drawn from: odd sizes, 1 (broadcasts and squeezes), powers of two
-DIMS = (1, 2, 3, 4, 5, 7, 8, 12, 16, 17, 33)
-MAX_NUMEL = 6144  # the CPU interpreter runs every kernel element by element
+
+@dataclass(frozen=True)
+class Sizes:
+    """What dims are drawn from (odd sizes, 1 for broadcasts and squeezes, powers of two)
+    and the most elements a value may hold."""
+
+    dims: tuple[int, ...]
+    max_numel: int
+
+
+# the CPU interpreter runs every kernel element by element
+CPU = Sizes((1, 2, 3, 4, 5, 7, 8, 12, 16, 17, 33), 6144)
+# a GPU's schedules change with the row: persistent, looped, several rows a block
+GPU = Sizes((1, 2, 3, 5, 8, 17, 33, 64, 127, 256, 768, 1000, 2048, 5000), 1 << 22)
 LAYOUTS = ("contiguous", "contiguous", "contiguous", "transposed", "sliced", "offset")
 
 
@@ -73,8 +84,9 @@ def _numel(shape: Shape) -> int:
 class _Builder:
     """The program being drawn: its inputs, lines and live float values."""
 
-    def __init__(self, rng: random.Random, seed: int):
+    def __init__(self, rng: random.Random, seed: int, sizes: Sizes):
         self.rng = rng
+        self.sizes = sizes
         self.program = Program(seed, [])
         self.values: list[_Value] = []
         self.count = 0
@@ -310,7 +322,7 @@ def _view(b: _Builder) -> None:
         i = rng.randrange(r + 1)
         k = rng.choice((2, 3))
         shape = s[:i] + (k,) + s[i:]
-        if _numel(shape) > MAX_NUMEL:
+        if _numel(shape) > b.sizes.max_numel:
             return None
         return f"{a.name}.unsqueeze({i}).expand{shape}", shape
 
@@ -326,7 +338,7 @@ def _view(b: _Builder) -> None:
             return None
         i = rng.randrange(r)
         other = b.same_shape(s)
-        if other is None or _numel(s) * 2 > MAX_NUMEL:
+        if other is None or _numel(s) * 2 > b.sizes.max_numel:
             return None
         parts = (
             [a.name, other.name] if rng.random() < 0.5 else [a.name, f"torch.tanh({other.name})"]
@@ -364,7 +376,7 @@ def _matmul(b: _Builder) -> None:
     k = a.shape[-1]
     n = rng.choice((k, 2 * k, 7, 16, 24)) if k > 1 else rng.choice((4, 9))
     shape = a.shape[:-1] + (n,)
-    if _numel(shape) > MAX_NUMEL:
+    if _numel(shape) > b.sizes.max_numel or n * k > b.sizes.max_numel:
         return
     w = b.param((n, k))
     if rng.random() < 0.5:
@@ -470,11 +482,11 @@ OPS: tuple[tuple[Callable[[_Builder], None], float], ...] = (
 
 
 def _start(b: _Builder) -> None:
-    """The first input: [B, T, C]-like, 1 to 4 dims, within MAX_NUMEL."""
+    """The first input: [B, T, C]-like, 1 to 4 dims, within half the largest size."""
     rng = b.rng
     while True:
-        shape = tuple(rng.choice(DIMS) for _ in range(rng.choice((1, 2, 3, 3, 4))))
-        if 1 < _numel(shape) <= MAX_NUMEL // 2:
+        shape = tuple(rng.choice(b.sizes.dims) for _ in range(rng.choice((1, 2, 3, 3, 4))))
+        if 1 < _numel(shape) <= b.sizes.max_numel // 2:
             break
     if rng.random() < 0.03:  # an empty batch
         shape = (0,) + shape[1:]
@@ -483,10 +495,11 @@ def _start(b: _Builder) -> None:
         b.input(shape, grad=rng.random() < 0.5)
 
 
-def draw_program(seed: int, length: int | None = None) -> Program:
-    """The program of `seed`: 3 to 14 ops (or `length`), one to three returns."""
+def draw_program(seed: int, length: int | None = None, sizes: Sizes = CPU) -> Program:
+    """The program of `seed`: 3 to 14 ops (or `length`), one to three returns, its dims
+    drawn from `sizes`."""
     rng = random.Random(seed)
-    b = _Builder(rng, seed)
+    b = _Builder(rng, seed, sizes)
     _start(b)
     n = length if length is not None else rng.randint(3, 14)
     fns, weights = zip(*OPS)
