@@ -151,8 +151,14 @@ def _compare(got: dict, noise_runs: list[dict], ref: dict, floor: float) -> tupl
         if a.dtype != n.dtype:
             return f"{name}: dtype {a.dtype}, eager {n.dtype}", "", name
         if not a.is_floating_point():
-            if not torch.equal(a.cpu(), n.cpu()):
-                places = int((a.cpu() != n.cpu()).sum())
+            # an argmax among near-equal values: where a run within the noise picks
+            # another index than the reference, so may fuser
+            unstable = torch.zeros(r.shape, dtype=torch.bool, device=r.device)
+            for run in noise_runs:
+                unstable |= run[name].to(r.device) != r
+            wrong = (a != r) & ~unstable
+            if wrong.any():
+                places = int(wrong.sum())
                 return f"{name} differs", f"{name}: integers differ at {places} places", name
             continue
         err = _distance(a, r)
