@@ -59,6 +59,8 @@ def _storage(spec: Input, g: torch.Generator, device: str) -> torch.Tensor:
         if spec.ignore and t.numel() > 1:  # a cross-entropy target ignored
             t[torch.randint(0, t.numel(), (1,), generator=g)] = IGNORED
         return t.to(device)
+    if spec.kind == "positive":
+        return (torch.rand(shape, generator=g) + 0.5).to(device)
     if spec.layout == "transposed":
         base = torch.randn(shape[:-2] + (shape[-1], shape[-2]), generator=g)
         return base.to(device).transpose(-1, -2)
@@ -81,7 +83,7 @@ def _leaves(inputs: list[torch.Tensor], program: Program, dtype: torch.dtype) ->
     storage offset), requiring grad where the program says."""
     out = []
     for t, spec in zip(inputs, program.inputs):
-        if spec.kind != "float":
+        if spec.kind == "ids":
             out.append(t)
             continue
         size = t.untyped_storage().nbytes() // t.element_size()
@@ -110,7 +112,7 @@ def _run(
         grads = torch.autograd.grad(diff, [a for _, a in wrt], ups, allow_unused=True)
         got.update({f"grad {n}": gr for (n, _), gr in zip(wrt, grads)})
     for spec, a in zip(program.inputs, args):
-        if spec.kind == "float" and not a.requires_grad:
+        if spec.kind != "ids" and not a.requires_grad:
             got[f"input {spec.name} after the call"] = a
     return got
 

@@ -1,0 +1,118 @@
+"""The layer-level ops a random program (generate.py) is grown from: matmuls, embeddings,
+attention, batch and group norm (running statistics updated in place), losses, gathers
+and index selects. Each appends a line or two, or nothing where the value it picked does
+not fit."""
+
+from __future__ import annotations
+
+from fuser.fuzz.programs.builder import Builder, Input, numel
+
+
+def matmul(b: Builder) -> None:
+    a = b.pick()
+    if not a.shape:
+        return
+    rng = b.rng
+    k = a.shape[-1]
+    n = rng.choice((k, 2 * k, 7, 16, 24)) if k > 1 else rng.choice((4, 9))
+    shape = a.shape[:-1] + (n,)
+    if numel(shape) > b.sizes.max_numel or n * k > b.sizes.max_numel:
+        return
+    w = b.param((n, k))
+    if rng.random() < 0.5:
+        bias = b.param((n,))
+        b.emit(f"F.linear({a.name}, {w}, {bias})", shape)
+    else:
+        b.emit(f"{a.name} @ {w}.t()", shape)
+
+
+def embedding(b: Builder) -> None:
+    """Integer ids into a table: a new float value (the table requires grad)."""
+    rng = b.rng
+    rows = rng.choice((5, 16, 33))
+    width = rng.choice((4, 8, 12))
+    ids_shape = tuple(rng.choice((1, 2, 3, 7)) for _ in range(rng.choice((1, 2))))
+    name = f"x{len(b.program.inputs)}"
+    b.program.inputs.append(Input(name, ids_shape, "ids", high=rows))
+    table = b.param((rows, width))
+    b.emit(f"F.embedding({name}, {table})", ids_shape + (width,))
+
+
+def cross_entropy(b: Builder) -> None:
+    """A terminal loss over rows of logits (class dim last, merged to 2-d)."""
+    a = b.pick()
+    if len(a.shape) < 1 or a.shape[-1] < 2:
+        return
+    rows = numel(a.shape[:-1])
+    name = f"x{len(b.program.inputs)}"
+    b.program.inputs.append(Input(name, (rows,), "ids", high=a.shape[-1], ignore=True))
+    smooth = b.rng.choice(("", ", label_smoothing=0.1"))
+    red = b.rng.choice(("", ", reduction='sum'", ", reduction='none'"))
+    expr = f"F.cross_entropy({a.name}.reshape({rows}, {a.shape[-1]}), {name}{smooth}{red})"
+    b.emit(expr, (rows,) if "none" in red else ())
+
+
+def attention(b: Builder) -> None:
+    """scaled_dot_product_attention of a [..., T, D] value with itself."""
+    a = b.pick()
+    if len(a.shape) < 3:
+        return
+    causal = b.rng.choice((True, False))
+    n = a.name
+    b.emit(
+        f"F.scaled_dot_product_attention({n}, torch.tanh({n}), {n}, is_causal={causal})", a.shape
+    )
+
+
+def batch_norm(b: Builder) -> None:
+    """F.batch_norm in training mode over [N, C, ...]: the running statistics are inputs
+    that require no grad, updated in place (the result compares them after the call)."""
+    a = b.pick()
+    if len(a.shape) < 2 or numel(a.shape) == a.shape[1]:
+        return  # one value a channel: the batch variance is undefined
+    c = a.shape[1]
+    mean, var = b.buffer((c,)), b.buffer((c,), "positive")
+    w, bias = b.param((c,)), b.param((c,))
+    expr = f"F.batch_norm({a.name}, {mean}, {var}, {w}, {bias}, training=True, momentum=0.1)"
+    b.emit(expr, a.shape)
+
+
+def group_norm(b: Builder) -> None:
+    a = b.pick()
+    if len(a.shape) < 2:
+        return
+    c = a.shape[1]
+    groups = b.rng.choice([g for g in (1, 2, 3, 4) if c % g == 0])
+    w, bias = b.param((c,)), b.param((c,))
+    b.emit(f"F.group_norm({a.name}, {groups}, {w}, {bias}, eps=1e-5)", a.shape)
+
+
+def loss(b: Builder) -> None:
+    """A pointwise loss against another value of the same shape, reduced or not."""
+    a = b.pick()
+    other = b.same_shape(a.shape)
+    if other is None or other is a:
+        return
+    red = b.rng.choice(("mean", "sum", "none"))
+    kind = b.rng.choice(("mse_loss", "smooth_l1_loss", "l1_loss", "bce"))
+    target = other.name
+    if kind == "bce":  # probabilities as targets
+        kind, target = "binary_cross_entropy_with_logits", f"torch.sigmoid({other.name})"
+    b.emit(f"F.{kind}({a.name}, {target}, reduction='{red}')", a.shape if red == "none" else ())
+
+
+def gather(b: Builder) -> None:
+    """torch.gather along the last dim, or index_select of rows: integer ids in range."""
+    a = b.pick()
+    if not a.shape or a.shape[-1] < 1 or 0 in a.shape:
+        return
+    name = f"x{len(b.program.inputs)}"
+    if b.rng.random() < 0.5:
+        k = b.rng.choice((1, 2, 5))
+        shape = a.shape[:-1] + (k,)
+        b.program.inputs.append(Input(name, shape, "ids", high=a.shape[-1]))
+        b.emit(f"torch.gather({a.name}, -1, {name})", shape)
+    else:
+        k = b.rng.choice((1, 3, 7))
+        b.program.inputs.append(Input(name, (k,), "ids", high=a.shape[0]))
+        b.emit(f"{a.name}.index_select(0, {name})", (k,) + a.shape[1:])
