@@ -85,7 +85,8 @@ SPECS = [
     Spec("biogpt", "BioGptForCausalLM", "decoder", "BioGptConfig", dict(BERT, **TOK)),
     Spec("nemotron", "NemotronForCausalLM", "decoder", "NemotronConfig", L(head_dim=16)),
     Spec("glm", "GlmForCausalLM", "decoder", "GlmConfig", L(head_dim=16)),
-    Spec("helium", "HeliumForCausalLM", "decoder", "HeliumConfig", L(head_dim=16)),
+    # Helium's o_proj is [hidden, hidden] whatever heads x head_dim: they must match
+    Spec("helium", "HeliumForCausalLM", "decoder", "HeliumConfig", L(head_dim=64)),
     Spec("smollm3", "SmolLM3ForCausalLM", "decoder", "SmolLM3Config", L()),
     Spec("mixtral", "MixtralForCausalLM", "decoder", "MixtralConfig",
          L(num_local_experts=4, num_experts_per_tok=2)),
