@@ -176,3 +176,32 @@ def test_saved_for_backward_reads_aotautograds_labels():
     ], saved
     plain = torch.fx.symbolic_trace(lambda x: x + 1)
     assert saved_for_backward(plain) == []
+
+
+@pytest.mark.parametrize("partition", ["min_cut", "default"])
+def test_an_input_written_after_use_is_saved_as_it_was(partition: str) -> None:
+    """`w / (x * x + 1)`, then `x.mul_(0.5)`: the backward needs the x the division read, but
+    the forward graph writes x in place at its end, and the partitioner saved x itself (torch
+    2.13's aot_eager and Inductor return the wrong gradient). saved.save_before_mutation keeps
+    a copy (found by fuser.fuzz.programs). Two calls: the second runs the call program."""
+    from fuser.dynamo import FuserBackend
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = w / (x * x + 1.0)
+        x.mul_(0.5)
+        return y, torch.tanh(x)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=FuserBackend(strict=True, partition=partition))
+    g = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        x0 = torch.randn(6, 7, generator=g)
+        w = torch.randn(6, 7, generator=g, requires_grad=True)
+        up = torch.randn(6, 7, generator=g)
+        x = x0.clone()
+        y, t = compiled(x, w)
+        (gw,) = torch.autograd.grad(y, w, up)
+        torch.testing.assert_close(gw, up / (x0 * x0 + 1.0))
+        torch.testing.assert_close(x, x0 * 0.5)
+        torch.testing.assert_close(t, torch.tanh(x0 * 0.5))
+    torch._dynamo.reset()

@@ -103,9 +103,64 @@ def partition_fn(kind: str) -> Any:
         causal_masks(joint)  # forward and backward attentions together; the mask unsaved
         shape_only_operands(joint)
         mark_saved_gradients(joint)  # the backward may read them as padded rows
-        return inner(joint, joint_inputs, **kwargs)
+        fw, bw = inner(joint, joint_inputs, **kwargs)
+        save_before_mutation(fw)
+        return fw, bw
 
     return partition
+
+
+# ops whose result shares its input's memory (a saved one sees a later write to the input)
+_ALIASES = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
+    aten.t.default, aten.transpose.int, aten.permute.default, aten.expand.default,
+    aten.slice.Tensor, aten.select.int, aten.unsqueeze.default, aten.squeeze.dim,
+    aten.squeeze.dims, aten.squeeze.default, aten.as_strided.default, aten.diagonal.default,
+}  # fmt: skip
+
+
+def save_before_mutation(fw: fx.GraphModule) -> int:
+    """Save a copy of each saved tensor that is (a view of) a forward input the forward
+    writes in place; returns how many.
+
+    A program that changes an input which needs no grad after using it (`w / (x * x + 1)`,
+    then `x.mul_(0.5)`) keeps that write in the forward graph as `copy_(x, new)` at its end,
+    while the partitioner may save x itself for the backward (to recompute x * x + 1 there,
+    or because an op's backward reads it): the backward then reads the new values, and the
+    gradient is silently wrong. torch 2.13's aot_eager and Inductor give the wrong gradient
+    (found by fuser.fuzz.programs). A copy made where the value is defined, before the
+    write, keeps what the backward needs."""
+    graph = fw.graph
+    written = {
+        n.args[0]
+        for n in graph.nodes
+        if n.op == "call_function"
+        and n.target is aten.copy_.default
+        and n.args[0].op == "placeholder"
+    }
+    output = next((n for n in graph.nodes if n.op == "output"), None)
+    descs = (output.meta.get("desc") or []) if output is not None else []
+    if not written or not descs:
+        return 0
+    values = list(output.args[0])
+    copied = 0
+    for i, (desc, v) in enumerate(zip(descs, values)):
+        if not type(desc).__name__.startswith("SavedForBackwards") or not isinstance(v, fx.Node):
+            continue
+        base = v
+        while base.op == "call_function" and base.target in _ALIASES:
+            base = base.args[0]
+        if base not in written:
+            continue
+        with graph.inserting_after(v):
+            clone = graph.call_function(aten.clone.default, (v,))
+            clone.meta["val"] = v.meta["val"].clone()
+        values[i] = clone
+        copied += 1
+    if copied:
+        output.args = (tuple(values),) + tuple(output.args[1:])
+        fw.recompile()
+    return copied
 
 
 @dataclass(frozen=True)
