@@ -307,3 +307,17 @@ def test_register_estimate_against_ptxas(backend_name) -> None:
         if abs(est - r["registers"]) > max(0.15 * r["registers"], 8):
             misses[h] = f"est {est}, ptxas {r['registers']}"
     assert misses == INNER_OUTER_MISSES[backend_name]
+
+
+@pytest.mark.parametrize("rows, cols", [(8, 3), (16, 2), (40, 5), (8192, 3), (5, 64)])
+def test_every_launch_has_a_power_of_two_of_warps(rows: int, cols: int) -> None:
+    """Narrow rows make a finalize of fewer than 32 threads (4 columns over 2 blocks'
+    partials: 8): Triton's launch took 8 // 32 = 0 warps, which it refuses on a GPU (the
+    interpreter does not check; found by fuser.fuzz.programs on an H200)."""
+    from fuser.runtime.precompile import warm_calls
+
+    ins, _ = _inputs(rows, cols, torch.float32, False, False, False)
+    metas = [torch.empty_like(t, device="meta") for t in ins]
+    for k in _ln_bwd(torch.float32).compile(metas, device="h200", backend="triton"):
+        for _, _, warps in warm_calls(k):
+            assert warps >= 1 and warps & (warps - 1) == 0, (warps, k.plan.finalize_threads)

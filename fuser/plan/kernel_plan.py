@@ -206,6 +206,15 @@ class KernelPlan:
         return self.num_warps * 32
 
     @property
+    def finalize_warps(self) -> int:
+        """num_warps of the finalize launch: its threads in warps, at least one. A finalize
+        of a few columns over a few blocks' partials has fewer than 32 threads (a CUDA
+        block takes them as they are); Triton asserts a power of two, and 0 is not one:
+        inner-outer kernels of narrow rows failed to compile on a GPU (found by
+        fuser.fuzz.programs; the CPU interpreter does not check)."""
+        return max(1, self.finalize_threads // 32)
+
+    @property
     def finalize(self) -> bool:
         """A second launch adds the workspaces' partial sums in a fixed order."""
         return bool(self.workspaces)

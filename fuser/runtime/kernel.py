@@ -245,7 +245,7 @@ class Kernel:
             if self.workspaces:
                 finalize = getattr(self._module, self.name + "_finalize")
                 fin = finalize[self._fin_grid3](
-                    *args, num_warps=self.plan.finalize_threads // 32, **TRITON_OPTIONS
+                    *args, num_warps=self.plan.finalize_warps, **TRITON_OPTIONS
                 )
         if not interp:  # the JIT compiled it here, unless precompile.py warmed it up
             origin = "warmed up" if self.source in WARMED else "JIT (Triton's cache or compiled)"

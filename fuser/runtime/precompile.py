@@ -201,7 +201,7 @@ def warm_calls(k: Any) -> list[tuple[str, Any, int]]:
     s = k.plan
     calls = [(k.name, s.grid, s.num_warps)]
     if k.workspaces:
-        calls.append((k.name + "_finalize", s.finalize_grid, s.finalize_threads // 32))
+        calls.append((k.name + "_finalize", s.finalize_grid, s.finalize_warps))
     return calls
 
 
