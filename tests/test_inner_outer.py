@@ -309,15 +309,33 @@ def test_register_estimate_against_ptxas(backend_name) -> None:
     assert misses == INNER_OUTER_MISSES[backend_name]
 
 
-@pytest.mark.parametrize("rows, cols", [(8, 3), (16, 2), (40, 5), (8192, 3), (5, 64)])
-def test_every_launch_has_a_power_of_two_of_warps(rows: int, cols: int) -> None:
-    """Narrow rows make a finalize of fewer than 32 threads (4 columns over 2 blocks'
-    partials: 8): Triton's launch took 8 // 32 = 0 warps, which it refuses on a GPU (the
-    interpreter does not check; found by fuser.fuzz.programs on an H200)."""
+def test_every_launch_has_a_power_of_two_of_warps() -> None:
+    """A linear of 6 outputs, then var over them: the backward's inner-outer kernel sums the
+    bias gradient over 8 rows in 2 blocks, a finalize of 16 threads. Triton's launch took
+    16 // 32 = 0 warps, which it refuses on a GPU (the interpreter does not check; found
+    by fuser.fuzz.programs on an H200)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    from fuser.dynamo import FuserBackend
     from fuser.runtime.precompile import warm_calls
 
-    ins, _ = _inputs(rows, cols, torch.float32, False, False, False)
-    metas = [torch.empty_like(t, device="meta") for t in ins]
-    for k in _ln_bwd(torch.float32).compile(metas, device="h200", backend="triton"):
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        v = F.linear(x, w, b)
+        return v * torch.var(v, dim=1, keepdim=True, correction=0)
+
+    g = torch.Generator().manual_seed(4)
+    x, w, b = (torch.randn(*s, generator=g, requires_grad=True) for s in ((8, 3), (6, 3), (6,)))
+    torch._dynamo.reset()
+    backend = FuserBackend(strict=True)
+    out = torch.compile(f, backend=backend)(x, w, b)
+    up = torch.randn(8, 6, generator=g)
+    got = torch.autograd.grad(out, (x, w, b), up)
+    want = torch.autograd.grad(f(x, w, b), (x, w, b), up)
+    torch._dynamo.reset()
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    kernels = [k for c in backend.captures for gr in c.graphs for r in gr.fused for k in r.kernels]
+    assert any(k.plan.finalize and k.plan.finalize_threads < 32 for k in kernels)
+    for k in kernels:
         for _, _, warps in warm_calls(k):
             assert warps >= 1 and warps & (warps - 1) == 0, (warps, k.plan.finalize_threads)
