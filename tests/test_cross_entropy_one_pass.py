@@ -305,3 +305,28 @@ def test_an_unknown_returned_logits_rule_is_an_error(monkeypatch: pytest.MonkeyP
 
     with pytest.raises(Exception, match="FUSER_CE_RETURNED='onepass'"):
         torch.compile(step, backend=FuserBackend(strict=True))(x, w)
+
+
+def test_logits_gathered_from_a_table(backend: str) -> None:
+    """Logits that are an embedding's rows, unreduced: the row kernel gathers them and reads
+    each row's target column through a one-column tile. With one row the target is a
+    single value for every row, and the Triton kernel stored a [1, 1] tile through a
+    scalar pointer, which Triton refuses (found by fuser.fuzz.programs)."""
+
+    def f(ids: torch.Tensor, table: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(F.embedding(ids, table), t, reduction="none")
+        return loss - loss.mean(-1, keepdim=True)
+
+    rows = 1
+    g = torch.Generator().manual_seed(rows)
+    table = torch.randn(33, 4, generator=g).to(DEVICE)
+    ids = torch.randint(0, 33, (rows,), generator=g).to(DEVICE)
+    t = torch.randint(0, 4, (rows,), generator=g).to(DEVICE)
+    up = torch.randn(rows, generator=g).to(DEVICE)
+    w1, w2 = table.clone().requires_grad_(), table.clone().requires_grad_()
+    got = torch.compile(f, backend=FuserBackend(strict=True))(ids, w1, t)
+    want = f(ids, w2, t)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    (got * up).sum().backward()
+    (want * up).sum().backward()
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-5, atol=1e-6)

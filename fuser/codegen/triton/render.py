@@ -532,7 +532,12 @@ class TritonKernelWriter:
         """A pick's one-column tile (plan.picks): the column its row value `index` names,
         in range or masked off."""
         sfx = chunk.suffix()
-        self.w.line(f"cols{sfx} = {self.name(index, None)}")
+        if self.kind(index) == Kind.SCALAR:
+            # one index for every row (a single row's target): a [rows, 1] tile all the
+            # same, as a row value would be, so that loads and stores through it are tiles
+            self.w.line(f"cols{sfx} = {self.name(index, None)} + rows * 0")
+        else:
+            self.w.line(f"cols{sfx} = {self.name(index, None)}")
         self.w.line(f"col_ok{sfx} = (cols{sfx} >= 0) & (cols{sfx} < {self.spec.cols})")
         if self.s.walk_align:  # walk_args are addressed by position: column + shift
             self.w.line(f"pos{sfx} = cols{sfx} + shift")
