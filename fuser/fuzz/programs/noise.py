@@ -4,10 +4,11 @@ again with every op's result nudged by a float32-sized relative error.
 Eager float32's distance from float64 understates that where eager happens to compute a
 quantity in a form that cancels exactly (the gradient of a bias broadcast along a softmax's
 own dim is 0 for any input; eager's float32 gets ~1e-15, any other summation order ~1e-7
-of its terms). Under `Perturbed`, each ATen op's floating result that is a new tensor (not
-a view, not written in place) is multiplied by 1 + d, d uniform in +-ULPS float32 ulps,
-forward and backward alike: the spread of such runs is the sensitivity of each result to
-rounding anywhere in the program, whatever order a compiler sums in.
+of its terms). Under `Perturbed`, each ATen op that makes a new tensor (not a view, not
+written in place) has its floating operands and results multiplied by 1 + d, d uniform in
++-ULPS float32 ulps, forward and backward alike: the spread of such runs is the
+sensitivity of each result to rounding anywhere in the program, whatever order a
+compiler sums in.
 """
 
 from __future__ import annotations
@@ -39,17 +40,19 @@ class Perturbed(TorchDispatchMode):
         self.gen = torch.Generator().manual_seed(seed)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
         if not _new_result(func):
-            return out
+            return func(*args, **(kwargs or {}))
+        # the operands too: a composite op (layer_norm) computes exactly inside, where a
+        # compiler's decomposition rounds (x - mean of a constant row is 0 only exactly)
+        args, kwargs = tree_map(self._nudge, (args, kwargs or {}))
+        out = func(*args, **kwargs)
         inputs = {id(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        return tree_map(lambda t: t if id(t) in inputs else self._nudge(t), out)
 
-        def nudge(t: Any) -> Any:
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or id(t) in inputs:
-                return t
-            if t.device.type != "cpu" or t.numel() == 0:
-                return t
-            d = torch.rand(t.shape, generator=self.gen, dtype=t.dtype) * 2 - 1
-            return t * (1 + d * (ULPS * EPS32))
-
-        return tree_map(nudge, out)
+    def _nudge(self, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            return t
+        if t.device.type != "cpu" or t.numel() == 0:
+            return t
+        d = torch.rand(t.shape, generator=self.gen, dtype=t.dtype) * 2 - 1
+        return t * (1 + d * (ULPS * EPS32))
