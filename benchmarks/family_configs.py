@@ -181,7 +181,9 @@ SPECS += [
          attn=None),
     Spec("xlnet", "XLNetLMHeadModel", "decoder", "XLNetConfig",
          dict(d_model=64, n_layer=2, n_head=4, d_inner=128, vocab_size=256, **TOK), attn=None),
-    Spec("diffllama", "DiffLlamaForCausalLM", "decoder", "DiffLlamaConfig", L(head_dim=16)),
+    # DiffLlama pairs key-value heads: an even number of them
+    Spec("diffllama", "DiffLlamaForCausalLM", "decoder", "DiffLlamaConfig",
+         L(head_dim=16, num_key_value_heads=2)),
     Spec("bitnet", "BitNetForCausalLM", "decoder", "BitNetConfig", L()),
     Spec("glm4", "Glm4ForCausalLM", "decoder", "Glm4Config", L(head_dim=16)),
     Spec("arcee", "ArceeForCausalLM", "decoder", "ArceeConfig", L(head_dim=16)),
