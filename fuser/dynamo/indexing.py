@@ -99,6 +99,12 @@ def _val(x: Any) -> Any:
     return x.meta.get("val") if isinstance(x, fx.Node) else None
 
 
+def _static_int(x: Any) -> int | None:
+    """x as an int: an int, or a node whose traced value is one; None otherwise."""
+    v = _val(x) if isinstance(x, fx.Node) else x
+    return v if type(v) is int else None
+
+
 def _concrete(*vals: Any) -> str | None:
     for v in vals:
         if not isinstance(v, torch.Tensor):
@@ -130,8 +136,12 @@ def _embedding_backward(n: fx.Node) -> tuple[str, tuple, Any] | str:
         return why
     if g.dim() < 1 or g.shape[:-1].numel() != i.numel():
         return f"grad {list(g.shape)} does not hold one row per index {list(i.shape)}"
-    pad = None if padding_idx is None or padding_idx < 0 else int(padding_idx)
-    plan = plan_for(g, i, int(num_weights), out.dtype, bool(by_freq), pad, how=config.scatter)
+    rows, padding = _static_int(num_weights), _static_int(padding_idx)
+    if rows is None or (padding_idx is not None and padding is None):
+        # a size node a run-time specialization has not made a constant (lower._fold_sizes)
+        return "num_weights or padding_idx is not a constant (dynamic shapes)"
+    pad = None if padding is None or padding < 0 else padding
+    plan = plan_for(g, i, rows, out.dtype, bool(by_freq), pad, how=config.scatter)
     return "embedding_backward", (grad, indices, num_weights, padding_idx, bool(by_freq)), plan
 
 
