@@ -305,10 +305,13 @@ def positions(b: Builder) -> None:
 
 
 def argmax(b: Builder) -> None:
-    """An integer result (no gradient), returned beside the rest."""
+    """An integer result (no gradient), returned beside the rest. The values are rounded
+    to quarters first: ties are then exact and many (the first index must win, as in
+    eager), and near-ties that rounding alone decides are as rare as a value within an
+    ulp of a rounding boundary (a program symmetric under flip had them at every row)."""
     a = b.pick()
     if not a.shape:
         return
     name = f"i{b.count}"
-    b.program.lines.append(f"{name} = {a.name}.argmax(dim=-1)")
+    b.program.lines.append(f"{name} = torch.round({a.name} * 4).argmax(dim=-1)")
     b.ints.append(name)
