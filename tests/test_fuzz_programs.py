@@ -13,6 +13,8 @@ from fuser.dynamo import FuserBackend
 from fuser.fuzz.programs.generate import draw_program
 from fuser.fuzz.programs.judge import judge
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU tensors need the interpreter
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
@@ -49,7 +51,7 @@ def test_programs_are_valid_and_reproducible() -> None:
 def test_fixed_programs_match_eager(seed: int) -> None:
     """A handful of seeds (each bug the fuzzer found has a test of its own, beside the code
     it fixed)."""
-    v = judge(draw_program(seed), FuserBackend(strict=True), "cpu")
+    v = judge(draw_program(seed), FuserBackend(strict=True), DEVICE)
     assert v.ok, f"{v.problem}: {v.detail}\n{draw_program(seed).source}"
     assert v.checked
 
@@ -75,5 +77,5 @@ class _OffByALittle:
 
 
 def test_the_judge_catches_a_wrong_result() -> None:
-    v = judge(draw_program(8), _OffByALittle(), "cpu")
+    v = judge(draw_program(8), _OffByALittle(), DEVICE)
     assert not v.ok and "differs" in v.problem, v

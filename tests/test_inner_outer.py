@@ -323,12 +323,15 @@ def test_every_launch_has_a_power_of_two_of_warps() -> None:
         v = F.linear(x, w, b)
         return v * torch.var(v, dim=1, keepdim=True, correction=0)
 
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # a GPU host compiles the kernels
     g = torch.Generator().manual_seed(4)
-    x, w, b = (torch.randn(*s, generator=g, requires_grad=True) for s in ((8, 3), (6, 3), (6,)))
+    x, w, b = (
+        torch.randn(*s, generator=g).to(dev).requires_grad_() for s in ((8, 3), (6, 3), (6,))
+    )
     torch._dynamo.reset()
     backend = FuserBackend(strict=True)
     out = torch.compile(f, backend=backend)(x, w, b)
-    up = torch.randn(8, 6, generator=g)
+    up = torch.randn(8, 6, generator=g).to(dev)
     got = torch.autograd.grad(out, (x, w, b), up)
     want = torch.autograd.grad(f(x, w, b), (x, w, b), up)
     torch._dynamo.reset()

@@ -193,11 +193,12 @@ def test_an_input_written_after_use_is_saved_as_it_was(partition: str) -> None:
 
     torch._dynamo.reset()
     compiled = torch.compile(f, backend=FuserBackend(strict=True, partition=partition))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(5)
     for _ in range(2):
-        x0 = torch.randn(6, 7, generator=g)
-        w = torch.randn(6, 7, generator=g, requires_grad=True)
-        up = torch.randn(6, 7, generator=g)
+        x0 = torch.randn(6, 7, generator=g).to(dev)
+        w = torch.randn(6, 7, generator=g).to(dev).requires_grad_()
+        up = torch.randn(6, 7, generator=g).to(dev)
         x = x0.clone()
         y, t = compiled(x, w)
         (gw,) = torch.autograd.grad(y, w, up)
