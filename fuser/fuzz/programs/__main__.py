@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         counts["programs"] += 1
         counts["fused regions"] += v.regions
         counts["ATen nodes"] += len(v.fallbacks)
+        counts["resized"] += v.resized
         if v.ok:
             counts["passed"] += 1
             continue

@@ -14,14 +14,16 @@ with bf16's floor, and no further.
 
 Each program is called three times with new values (the same shapes and layouts): the
 first call plans, later ones run the generated call program, whose memory plan and
-launch arguments only a second call exercises. The backward's upstream gradients are
-random too. NaN and infinity must sit where the reference has them.
+launch arguments only a second call exercises. A fourth call has a batch one larger where
+eager takes it: Dynamo recompiles with a symbolic batch, which fuser specializes at run
+time. The backward's upstream gradients are random too. NaN and infinity must sit where
+the reference has them.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -48,6 +50,7 @@ class Verdict:
     detail: str = ""
     regions: int = 0
     as_aot_eager: bool = False  # aot_eager is as far off: torch's bug, not fuser's
+    resized: bool = False  # a call with a batch one larger ran (and passed)
     fallbacks: list[str] = field(default_factory=list)  # regions left to ATen, and why
     checked: list[str] = field(default_factory=list)
 
@@ -194,45 +197,82 @@ def _aot_eager_too(
     return _distance(o, ref[name]) >= 0.5 * _distance(got[name], ref[name])
 
 
+def _resized(program: Program) -> Program | None:
+    """`program` with its batch dim one larger: every input x* whose first dim is the first
+    input's (the batch) gets one more row. Eager decides later whether the program still
+    runs (a reshape to a literal shape does not); None where there is no batch dim."""
+    first = program.inputs[0].shape
+    if not first or first[0] == 0:
+        return None
+    batch = first[0]
+    inputs = [
+        replace(i, shape=(batch + 1,) + i.shape[1:])
+        if i.name.startswith("x") and i.shape and i.shape[0] == batch
+        else i
+        for i in program.inputs
+    ]
+    return Program(program.seed, inputs, program.lines, program.returns)
+
+
+def _call(
+    v: Verdict, fn: Any, compiled: Any, program: Program, call: int, device: str, amp: bool
+) -> bool:
+    """One call of `compiled` on new inputs of `program`, judged; False where it failed
+    (v says how)."""
+    base = make_inputs(program, program.seed * 7919 + call, device)
+    ups = program.seed * 31 + call
+    wide = [t.cpu() for t in base]
+    if amp:  # the reference: float32 without autocast; the noise: eager's autocast
+        ref = _run(fn, _leaves(base, program, torch.float32), program, ups, False)
+        noise_runs = [_run(fn, _leaves(base, program, torch.float32), program, ups, True)]
+    else:
+        ref = _run(fn, _leaves(wide, program, torch.float64), program, ups, False)
+        noise_runs = [_run(fn, _leaves(base, program, torch.float32), program, ups, False)]
+    for k in range(2):  # and rounding anywhere, in any order (noise.py)
+        with Perturbed(program.seed * 3 + k):
+            run = _run(fn, _leaves(wide, program, torch.float64), program, ups, False)
+        noise_runs.append({n: t.to(device) if t is not None else None for n, t in run.items()})
+    try:
+        got = _run(compiled, _leaves(base, program, torch.float32), program, ups, amp)
+    except Exception as e:  # noqa: BLE001  (every error of fuser's is a finding)
+        v.ok, v.problem = False, f"call {call}: {type(e).__name__}"
+        v.detail = str(e).strip().splitlines()[0][:400] if str(e).strip() else ""
+        return False
+    ref = {k: r.to(device) if r is not None else None for k, r in ref.items()}
+    floor = FLOOR[torch.bfloat16 if amp else torch.float32]
+    problem, detail, name = _compare(got, noise_runs, ref, floor)
+    if problem:
+        v.ok, v.problem, v.detail = False, f"call {call}: {problem}", detail
+        v.as_aot_eager = _aot_eager_too(fn, base, program, ups, amp, ref, name, got)
+        return False
+    v.checked = list(got)
+    return True
+
+
 def judge(
     program: Program, backend: Any, device: str, amp: bool = False, dynamic: bool = False
 ) -> Verdict:
     """Compile `program` with `backend` (a FuserBackend; with symbolic sizes where
-    `dynamic`, which fuser specializes at run time) and check CALLS calls of it."""
+    `dynamic`, which fuser specializes at run time) and check CALLS calls of it, then one
+    with a batch one larger where eager still runs the program: Dynamo recompiles that
+    with a symbolic batch, as when a training loop's last batch is short."""
     scope: dict[str, Any] = {"torch": torch, "F": F}
     exec(compile(program.source, f"<program {program.seed}>", "exec"), scope)  # noqa: S102
     fn = scope["program"]
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic or None)
     v = Verdict(program.seed, True)
     before = len(backend.captures)
-    for call in range(CALLS):
-        base = make_inputs(program, program.seed * 7919 + call, device)
-        ups = program.seed * 31 + call
-        wide = [t.cpu() for t in base]
-        if amp:  # the reference: float32 without autocast; the noise: eager's autocast
-            ref = _run(fn, _leaves(base, program, torch.float32), program, ups, False)
-            noise_runs = [_run(fn, _leaves(base, program, torch.float32), program, ups, True)]
-        else:
-            ref = _run(fn, _leaves(wide, program, torch.float64), program, ups, False)
-            noise_runs = [_run(fn, _leaves(base, program, torch.float32), program, ups, False)]
-        for k in range(2):  # and rounding anywhere, in any order (noise.py)
-            with Perturbed(program.seed * 3 + k):
-                run = _run(fn, _leaves(wide, program, torch.float64), program, ups, False)
-            noise_runs.append({n: t.to(device) if t is not None else None for n, t in run.items()})
-        try:
-            got = _run(compiled, _leaves(base, program, torch.float32), program, ups, amp)
-        except Exception as e:  # noqa: BLE001  (every error of fuser's is a finding)
-            v.ok, v.problem = False, f"call {call}: {type(e).__name__}"
-            v.detail = str(e).strip().splitlines()[0][:400] if str(e).strip() else ""
-            break
-        ref = {k: r.to(device) if r is not None else None for k, r in ref.items()}
-        floor = FLOOR[torch.bfloat16 if amp else torch.float32]
-        problem, detail, name = _compare(got, noise_runs, ref, floor)
-        if problem:
-            v.ok, v.problem, v.detail = False, f"call {call}: {problem}", detail
-            v.as_aot_eager = _aot_eager_too(fn, base, program, ups, amp, ref, name, got)
-            break
-        v.checked = list(got)
+    ok = all(_call(v, fn, compiled, program, call, device, amp) for call in range(CALLS))
+    bigger = _resized(program) if ok else None
+    if bigger is not None:
+        try:  # eager must take the new batch (a literal reshape may not)
+            _run(
+                fn, _leaves(make_inputs(bigger, 0, "cpu"), bigger, torch.float64), bigger, 0, False
+            )
+        except Exception:  # noqa: BLE001  (the program, not fuser)
+            bigger = None
+    if bigger is not None:
+        v.resized = _call(v, fn, compiled, bigger, CALLS, device, amp)
     graphs = [g for c in backend.captures[before:] for g in c.graphs]
     v.regions = sum(len(g.fused) for g in graphs)
     v.fallbacks = [str(f) for g in graphs for f in g.fallbacks]
