@@ -18,6 +18,7 @@ import networkx as nx
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from fuser.config import config, debug_print
 from fuser.dynamo.attention import lower_attention
@@ -336,17 +337,29 @@ def _propagate(gm: fx.GraphModule, args: list) -> fx.GraphModule:
     shapes)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     copy = copy_module(gm)
     for n in copy.graph.nodes:  # symbols of the traced graph's shape environment
         n.meta.pop("unbacked_bindings", None)
     with unset_fake_temporarily():
         mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
-        FakeTensorProp(copy, mode).propagate(*args)
+        _SizesProp(copy, mode).propagate(*args)
     _fold_sizes(copy.graph)
     copy.recompile()
     return copy
+
+
+class _SizesProp(FakeTensorProp):
+    """FakeTensorProp that also records plain int results (an int input, a sym_size of a
+    static shape): FakeTensorProp keeps only tensors and SymInts, so the traced SymInt
+    stayed in those nodes' meta (seen on an H200: the embedding backward's num_weights
+    was still s15 after the sizes were fixed)."""
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if type(result) is int:
+            n.meta["val"] = result
+        return result
 
 
 def _fold_sizes(graph: fx.Graph) -> None:
