@@ -38,6 +38,10 @@ OPS: tuple[tuple[Callable[[Builder], None], float], ...] = (
     (layers.group_norm, 0.2),
     (layers.loss, 0.2),
     (layers.gather, 0.3),
+    (layers.chunks, 0.3),
+    (layers.masked_softmax, 0.3),
+    (layers.repeat_heads, 0.15),
+    (layers.conv, 0.15),
 )
 
 __all__ = ["CPU", "GPU", "Input", "Program", "Sizes", "draw_program"]

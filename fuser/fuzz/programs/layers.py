@@ -116,3 +116,62 @@ def gather(b: Builder) -> None:
         k = b.rng.choice((1, 3, 7))
         b.program.inputs.append(Input(name, (k,), "ids", high=a.shape[0]))
         b.emit(f"{a.name}.index_select(0, {name})", (k,) + a.shape[1:])
+
+
+def chunks(b: Builder) -> None:
+    """torch.chunk / split of the last dim into pieces used apart (q and k out of one
+    projection), or torch.stack of a value with another of its shape."""
+    a = b.pick()
+    if not a.shape or a.shape[-1] < 2:
+        return
+    c = a.shape[-1]
+    if b.rng.random() < 0.3 and (other := b.same_shape(a.shape)) is not None:
+        shape = a.shape[:-1] + (2,) + a.shape[-1:]
+        b.emit(f"torch.stack([{a.name}, torch.sigmoid({other.name})], dim=-2)", shape)
+        return
+    first = c // 2 if b.rng.random() < 0.5 else 1
+    p = b.emit(f"{a.name}.split([{first}, {c - first}], dim=-1)[0]", a.shape[:-1] + (first,))
+    q = b.emit(f"{a.name}.chunk(2, dim=-1)[-1]", a.shape[:-1] + (c - (c + 1) // 2,))
+    if q.shape == p.shape:
+        b.emit(f"{p.name} * {q.name}", p.shape)
+
+
+def masked_softmax(b: Builder) -> None:
+    """Scores masked to -inf before a softmax, a causal mask or a random one: a row masked
+    whole gives NaN in eager, which fuser must give too."""
+    a = b.pick()
+    if not a.shape:
+        return
+    n, c = a.name, a.shape[-1]
+    if len(a.shape) >= 2 and b.rng.random() < 0.5:
+        r = a.shape[-2]
+        mask = f"torch.ones({r}, {c}, dtype=torch.bool, device={n}.device).triu(1)"
+    else:
+        mask = f"{n} > 0.8"
+    b.emit(f"torch.softmax({n}.masked_fill({mask}, float('-inf')), dim=-1)", a.shape)
+
+
+def repeat_heads(b: Builder) -> None:
+    """repeat_interleave over a middle dim (grouped-query attention's repeat_kv)."""
+    a = b.pick()
+    if len(a.shape) < 3:
+        return
+    k = b.rng.choice((2, 3))
+    shape = a.shape[:1] + (a.shape[1] * k,) + a.shape[2:]
+    if numel(shape) > b.sizes.max_numel:
+        return
+    b.emit(f"{a.name}.repeat_interleave({k}, dim=1)", shape)
+
+
+def conv(b: Builder) -> None:
+    """A 1-d convolution over [N, C, L] (a patch embedding's kind of op: ATen's, with
+    fused work around it)."""
+    a = b.pick()
+    if len(a.shape) != 3 or a.shape[2] < 3:
+        return
+    n, c, length = a.shape
+    out = b.rng.choice((4, c))
+    w = b.param((out, c, 3))
+    if numel((n, out, length)) > b.sizes.max_numel:
+        return
+    b.emit(f"F.conv1d({a.name}, {w}, padding=1)", (n, out, length))
