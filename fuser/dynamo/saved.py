@@ -152,7 +152,9 @@ def save_before_mutation(fw: fx.GraphModule) -> int:
             base = base.args[0]
         if base not in written:
             continue
-        with graph.inserting_after(v):
+        # after v, or after the last input where v is one (inputs stay first)
+        at = v if v.op != "placeholder" else list(graph.find_nodes(op="placeholder"))[-1]
+        with graph.inserting_after(at):
             clone = graph.call_function(aten.clone.default, (v,))
             clone.meta["val"] = v.meta["val"].clone()
         values[i] = clone
