@@ -6,7 +6,8 @@ passes (views, sums, casts, cross-entropy...) and lowered. It checks those passe
 programs and the kernels together, forward and backward.
 
 - builder.py: the program being drawn (inputs, lines, live values and their shapes)
-- ops.py: the ops it is grown from
+- ops.py, layers.py: the ops a chain is grown from
+- blocks.py: transformer programs drawn whole (one seed in five)
 - generate.py: `draw_program(seed)`
 - noise.py: float64 runs with float32-sized errors at every op (the rounding noise)
 - judge.py: eager float64, eager float32, fuser (three calls), aot_eager where fuser is off

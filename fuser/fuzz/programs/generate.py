@@ -18,6 +18,7 @@ import random
 from collections.abc import Callable
 
 from fuser.fuzz.programs import layers, ops
+from fuser.fuzz.programs.blocks import draw_block_program
 from fuser.fuzz.programs.builder import CPU, GPU, Builder, Input, Program, Sizes, numel
 from fuser.fuzz.programs.ops import unary
 
@@ -61,9 +62,15 @@ def _start(b: Builder) -> None:
         b.input(shape, grad=rng.random() < 0.5)
 
 
+BLOCKS_EVERY = 5  # one seed in five draws a transformer program (blocks.py)
+
+
 def draw_program(seed: int, length: int | None = None, sizes: Sizes = CPU) -> Program:
-    """The program of `seed`: 3 to 14 ops (or `length`), one to three returns, its dims
-    drawn from `sizes`."""
+    """The program of `seed`: a transformer (blocks.py) for one seed in BLOCKS_EVERY,
+    else a chain of 3 to 14 ops (or `length`) with one to three returns; its dims drawn
+    from `sizes`."""
+    if length is None and seed % BLOCKS_EVERY == 0:
+        return draw_block_program(seed, sizes).program
     rng = random.Random(seed)
     b = Builder(rng, seed, sizes)
     _start(b)
