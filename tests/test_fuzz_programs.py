@@ -27,17 +27,21 @@ def test_programs_are_valid_and_reproducible() -> None:
     """Every drawn program runs in eager, a seed draws the same source twice, and over a
     few hundred seeds every kind of op appears."""
     seen: set[str] = set()
+    sources: list[str] = []
     for seed in range(300):
         p = draw_program(seed)
         assert p.source == draw_program(seed).source
         seen |= set(re.findall(r"(F\.\w+|torch\.\w+|\.\w+\(|@)", p.source))
+        sources.append(p.source)
     ops = ("F.layer_norm", "F.rms_norm", "torch.softmax", "torch.cat", ".transpose(", ".permute(")
     ops += (".reshape(", ".expand(", "F.embedding", "F.cross_entropy", "F.linear", "@", ".amax(")
     ops += ("F.scaled_dot_product_attention", "torch.arange", ".argmax(", ".mul_(")
     ops += ("F.batch_norm", "F.group_norm", "torch.gather", ".index_select(", "F.pad", ".cumsum(")
-    ops += ("F.scaled_dot_product_attention(q0", "repeat_interleave", "emb.cos()")  # blocks
     for op in ops:
         assert op in seen, op
+    text = "\n".join(sources)  # the transformer programs (blocks.py)
+    for piece in ("F.scaled_dot_product_attention(q0", "repeat_interleave(", "emb.cos()"):
+        assert piece in text, piece
     from fuser.fuzz.programs.judge import _leaves, _run, make_inputs
 
     for seed in range(40):  # eager runs them, forward and backward
