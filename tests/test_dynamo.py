@@ -438,6 +438,30 @@ def test_dynamic_shapes_are_specialized_per_size():
     assert all(g.fused for c in backend.captures for g in c.graphs)
 
 
+def test_a_mean_loss_of_a_new_batch_size():
+    """F.mse_loss, mean: its backward divides by the element count, scalars made from the
+    sizes. Once the run-time specialization makes the sizes constants those are a region
+    without a tensor input, which the executor had no kernel for (found by
+    fuser.fuzz.programs, a batch one larger); it stays ATen's."""
+
+    def f(x, w):
+        y = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+        return F.mse_loss(y, torch.sigmoid(x))
+
+    backend = FuserBackend(strict=True)
+    compiled = torch.compile(f, backend=backend)
+    w = rand(7, seed=3)
+    for rows in (4, 4, 5):
+        x = rand(rows, 7, seed=rows)
+        got, want = compiled(x, w), f(x, w)
+        torch.testing.assert_close(got, want)
+        gx, gw = torch.autograd.grad(got, (x, w))
+        ex, ew = torch.autograd.grad(want, (x, w))
+        torch.testing.assert_close((gx, gw), (ex, ew))
+    kinds = [g.kind for c in backend.captures for g in c.graphs]
+    assert any("specialized for sizes" in k for k in kinds), kinds
+
+
 # -- the partitioner ------------------------------------------------------------------
 def test_regions_stay_convex():
     """a = exp(x); b = mm(a, w); c = a + b: c must not join a's region (a cycle through

@@ -55,6 +55,7 @@ from fuser.dynamo.views import sink_row_views
 from fuser.errors import FuserError
 
 VIEW_ONLY = "only views/constants, no compute: not worth a kernel, stays ATen (free)"
+CONSTANTS_ONLY = "scalars computed from constants alone (no tensor input): stays ATen"
 IDENTITY = "its region's outputs are views of its inputs (a one-tensor cat, an expand): stays ATen"
 
 
@@ -120,6 +121,9 @@ def _plan_regions(
             reasons.update((n, VIEW_ONLY) for n in nodes)
             continue
         plan = RegionPlan.of(nodes)
+        if _constant_scalars(plan):
+            reasons.update((n, CONSTANTS_ONLY) for n in nodes)
+            continue
         rec = record_for(f"{record.name}_fused_{len(record.regions)}", plan)
         record.regions.append(rec)
         try:
@@ -147,6 +151,17 @@ def _plan_regions(
         if n.op == "call_function" and n not in fused and n.target is not operator.getitem:
             record.fallbacks.append(Fallback(n.name, op_name(n), reasons.get(n, "not fused")))
     return planned
+
+
+def _constant_scalars(plan: RegionPlan) -> bool:
+    """Whether the region makes 0-d values from constants alone: a loss's element count
+    once a run-time specialization made the sizes constants (the executor had no kernel
+    for it and failed). A region that builds a tensor from constants (positions from an
+    iota) keeps its kernel."""
+    if any(isinstance(p.meta.get("val"), torch.Tensor) for p in plan.inputs):
+        return False
+    vals = [o.meta.get("val") for o in plan.outputs]
+    return all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in vals)
 
 
 def _emit_order(gm: fx.GraphModule, planned: list[tuple[RegionPlan, FusedRegion]]) -> list:
