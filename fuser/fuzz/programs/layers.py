@@ -82,7 +82,14 @@ def group_norm(b: Builder) -> None:
     if len(a.shape) < 2:
         return
     c = a.shape[1]
-    groups = b.rng.choice([g for g in (1, 2, 3, 4) if c % g == 0])
+    per_channel = numel(a.shape[2:])
+    # a group of one value normalizes to its bias whatever it is: a gradient that is 0 in
+    # exact arithmetic, and rounding times 1/sqrt(eps) in any other summation order than
+    # ATen's (no model has such groups)
+    groups = [g for g in (1, 2, 3, 4) if c % g == 0 and c // g * per_channel >= 2]
+    if not groups:
+        return
+    groups = b.rng.choice(groups)
     w, bias = b.param((c,)), b.param((c,))
     b.emit(f"F.group_norm({a.name}, {groups}, {w}, {bias}, eps=1e-5)", a.shape)
 
