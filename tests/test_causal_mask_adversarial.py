@@ -348,9 +348,11 @@ def test_mask_above_the_size_limit_stays(rewrites, monkeypatch):
 
 
 def test_dynamic_lengths_are_not_specialized(rewrites):
-    """Under dynamic shapes the mask is a function of an input's size: not rewritten, and
-    the pass must not turn the symbolic length into an int (a guard on it: one compile
-    for each new length, as many as the recompile limit allows)."""
+    """Under dynamic shapes the mask is a function of an input's size: the pass must not
+    turn the symbolic length into an int in Dynamo's graph (a guard on it: one compile for
+    each new length, as many as the recompile limit allows). fuser's own run-time
+    specialization of each length makes the sizes constants (lower._fold_sizes): there the
+    mask is the causal mask of that length and is rewritten, with no guard."""
     from torch._dynamo.utils import counters
 
     fn = _attend(_causal)
@@ -362,7 +364,7 @@ def test_dynamic_lengths_are_not_specialized(rewrites):
         out.sum().backward()
         torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
-    assert not rewrites
+    assert all(any(f"T={t}:" in r for t in (8, 9, 10)) for r in rewrites), rewrites
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs the test extra")

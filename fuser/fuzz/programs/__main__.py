@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
@@ -22,6 +21,11 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+
+from fuser.config import config
+from fuser.dynamo import FuserBackend
+from fuser.fuzz.programs.generate import CPU, GPU, draw_program
+from fuser.fuzz.programs.judge import judge
 
 
 def _device(arg: str) -> str:
@@ -39,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         "--count", type=int, default=0, help="stop after this many programs (0: no limit)"
     )
     ap.add_argument("--seed", type=int, default=1, help="programs are drawn from seed*1e6 + i")
-    ap.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    ap.add_argument(
+        "--device",
+        default="auto",
+        help="cuda, cpu or auto (cpu on a GPU host needs TRITON_INTERPRET=1 set beforehand)",
+    )
     ap.add_argument("--backend", default=None, help="triton or cuda (default: FUSER_BACKEND's)")
     ap.add_argument("--amp", action="store_true", help="run under bf16 autocast")
     ap.add_argument("--dynamic", action="store_true", help="compile with symbolic sizes")
@@ -55,14 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     device = _device(args.device)
-    if device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    import fuser  # noqa: F401  (registers the backend; after TRITON_INTERPRET is set)
-    from fuser.config import config
-    from fuser.dynamo import FuserBackend
-    from fuser.fuzz.programs.generate import CPU, GPU, draw_program
-    from fuser.fuzz.programs.judge import judge
-
     if args.backend:
         config.backend = args.backend
     # CPU autocast: ATen's CPU layer_norm returns float32 statistics where its meta (the
