@@ -19,6 +19,7 @@ forward graph, and tests/test_saved_bytes.py holds GPT-2's and Llama's to their 
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from torch import fx
 
 from fuser.dynamo.causal_mask import causal_masks
 from fuser.dynamo.ce_pad import mark_saved_gradients
+from fuser.dynamo.tidy import is_view
 
 aten = torch.ops.aten
 
@@ -110,15 +112,6 @@ def partition_fn(kind: str) -> Any:
     return partition
 
 
-# ops whose result shares its input's memory (a saved one sees a later write to the input)
-_ALIASES = {
-    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
-    aten.t.default, aten.transpose.int, aten.permute.default, aten.expand.default,
-    aten.slice.Tensor, aten.select.int, aten.unsqueeze.default, aten.squeeze.dim,
-    aten.squeeze.dims, aten.squeeze.default, aten.as_strided.default, aten.diagonal.default,
-}  # fmt: skip
-
-
 def save_before_mutation(fw: fx.GraphModule) -> int:
     """Save a copy of each saved tensor that is (a view of) a forward input the forward
     writes in place; returns how many.
@@ -147,8 +140,11 @@ def save_before_mutation(fw: fx.GraphModule) -> int:
     for i, (desc, v) in enumerate(zip(descs, values)):
         if not type(desc).__name__.startswith("SavedForBackwards") or not isinstance(v, fx.Node):
             continue
-        base = v
-        while base.op == "call_function" and base.target in _ALIASES:
+        base = v  # what v's memory is: through views (a split's pieces too) to their source
+        while base.op == "call_function" and (
+            is_view(base.target)
+            or (base.target is operator.getitem and is_view(base.args[0].target))
+        ):
             base = base.args[0]
         if base not in written:
             continue

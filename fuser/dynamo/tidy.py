@@ -100,7 +100,7 @@ def _aten_only(n: fx.Node) -> bool:
     return n.op == "call_function" and try_lower(n) is not None
 
 
-def _is_view(t: Any) -> bool:
+def is_view(t: Any) -> bool:
     """A view op (its result shares its input's storage); `_unsafe_view`'s schema does not
     say so, yet it is one."""
     if t is aten._unsafe_view.default:
@@ -112,7 +112,7 @@ def _is_view(t: Any) -> bool:
 
 def _pure(n: fx.Node) -> bool:
     t = n.target
-    if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or _is_view(t):
+    if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or is_view(t):
         return False
     # views cost nothing twice, and pad_mm.py makes two of the padded logits on purpose
     return not t._schema.is_mutable and torch.Tag.nondeterministic_seeded not in t.tags
@@ -138,7 +138,7 @@ def escaping(graph: fx.Graph) -> set[fx.Node]:
         if n in seen:
             continue
         seen.add(n)
-        if n.op == "call_function" and _is_view(n.target):
+        if n.op == "call_function" and is_view(n.target):
             stack += n.all_input_nodes
     return seen
 

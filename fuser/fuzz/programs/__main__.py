@@ -18,6 +18,8 @@ import sys
 import time
 import traceback
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -32,6 +34,17 @@ def _device(arg: str) -> str:
     if arg != "auto":
         return arg
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _seeds(args: argparse.Namespace, start: float) -> Iterator[int]:
+    """The replayed seed, or seed * 1e6 + 0, 1, ... until the time or the count is up."""
+    if args.replay is not None:
+        yield args.replay
+        return
+    i = 0
+    while time.perf_counter() - start <= args.seconds and not (args.count and i >= args.count):
+        yield args.seed * 1_000_000 + i
+        i += 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,21 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     strict = not (args.lenient or (args.amp and device == "cpu"))
     sizes = GPU if (args.sizes or ("gpu" if device == "cuda" else "cpu")) == "gpu" else CPU
     torch._dynamo.config.cache_size_limit = 64
-    seeds = [args.replay] if args.replay is not None else None
     start = time.perf_counter()
     counts: Counter = Counter()
     failures: list[dict] = []
-    i = 0
-    while True:
-        if seeds is not None:
-            if i >= len(seeds):
-                break
-            seed = seeds[i]
-        else:
-            if time.perf_counter() - start > args.seconds or (args.count and i >= args.count):
-                break
-            seed = args.seed * 1_000_000 + i
-        i += 1
+    for seed in _seeds(args, start):
         program = draw_program(seed, sizes=sizes)
         if args.replay is not None:
             print(program.source)
@@ -112,9 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"AS AOT_EAGER seed {seed}: {v.problem}\n  {v.detail}", flush=True)
             continue
         counts["failed"] += 1
-        failures.append(
-            {"seed": seed, "problem": v.problem, "detail": v.detail, "source": program.source}
-        )
+        failures.append(  # the inputs too: a later generator draws another program
+            dict(seed=seed, problem=v.problem, detail=v.detail, source=program.source,
+                 inputs=[asdict(i) for i in program.inputs])
+        )  # fmt: skip
         print(f"FAIL seed {seed}: {v.problem}\n  {v.detail}\n{program.source}", flush=True)
     elapsed = time.perf_counter() - start
     summary = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))

@@ -64,13 +64,6 @@ class Value:
     shape: Shape
 
 
-def numel(shape: Shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 class Builder:
     """The program being drawn: its inputs, lines and live float values."""
 

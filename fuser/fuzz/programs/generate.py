@@ -14,12 +14,13 @@ Everything is drawn from one `random.Random(seed)`: a seed is a repro.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
 from fuser.fuzz.programs import layers, ops
 from fuser.fuzz.programs.blocks import draw_block_program
-from fuser.fuzz.programs.builder import CPU, GPU, Builder, Input, Program, Sizes, numel
+from fuser.fuzz.programs.builder import CPU, GPU, Builder, Input, Program, Sizes
 from fuser.fuzz.programs.ops import unary
 
 OPS: tuple[tuple[Callable[[Builder], None], float], ...] = (
@@ -53,7 +54,7 @@ def _start(b: Builder) -> None:
     rng = b.rng
     while True:
         shape = tuple(rng.choice(b.sizes.dims) for _ in range(rng.choice((1, 2, 3, 3, 4))))
-        if 1 < numel(shape) <= b.sizes.max_numel // 2:
+        if 1 < math.prod(shape) <= b.sizes.max_numel // 2:
             break
     if rng.random() < 0.03:  # an empty batch
         shape = (0,) + shape[1:]

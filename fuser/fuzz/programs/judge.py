@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812  (the programs' own spelling)
 
-from fuser.fuzz.programs.generate import Input, Program
+from fuser.fuzz.programs.builder import Input, Program
 from fuser.fuzz.programs.noise import Perturbed
 
 NOISE_FACTOR = 8.0
@@ -211,7 +211,7 @@ def _resized(program: Program) -> Program | None:
         else i
         for i in program.inputs
     ]
-    return Program(program.seed, inputs, program.lines, program.returns)
+    return replace(program, inputs=inputs)
 
 
 def _call(

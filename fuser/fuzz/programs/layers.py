@@ -5,7 +5,9 @@ not fit."""
 
 from __future__ import annotations
 
-from fuser.fuzz.programs.builder import Builder, Input, numel
+import math
+
+from fuser.fuzz.programs.builder import Builder, Input
 
 
 def matmul(b: Builder) -> None:
@@ -16,7 +18,7 @@ def matmul(b: Builder) -> None:
     k = a.shape[-1]
     n = rng.choice((k, 2 * k, 7, 16, 24)) if k > 1 else rng.choice((4, 9))
     shape = a.shape[:-1] + (n,)
-    if numel(shape) > b.sizes.max_numel or n * k > b.sizes.max_numel:
+    if math.prod(shape) > b.sizes.max_numel or n * k > b.sizes.max_numel:
         return
     w = b.param((n, k))
     if rng.random() < 0.5:
@@ -43,7 +45,7 @@ def cross_entropy(b: Builder) -> None:
     a = b.pick()
     if len(a.shape) < 1 or a.shape[-1] < 2:
         return
-    rows = numel(a.shape[:-1])
+    rows = math.prod(a.shape[:-1])
     name = f"x{len(b.program.inputs)}"
     b.program.inputs.append(Input(name, (rows,), "ids", high=a.shape[-1], ignore=True))
     smooth = b.rng.choice(("", ", label_smoothing=0.1"))
@@ -68,7 +70,7 @@ def batch_norm(b: Builder) -> None:
     """F.batch_norm in training mode over [N, C, ...]: the running statistics are inputs
     that require no grad, updated in place (the result compares them after the call)."""
     a = b.pick()
-    if len(a.shape) < 2 or numel(a.shape) == a.shape[1]:
+    if len(a.shape) < 2 or math.prod(a.shape) == a.shape[1]:
         return  # one value a channel: the batch variance is undefined
     c = a.shape[1]
     mean, var = b.buffer((c,)), b.buffer((c,), "positive")
@@ -82,7 +84,7 @@ def group_norm(b: Builder) -> None:
     if len(a.shape) < 2:
         return
     c = a.shape[1]
-    per_channel = numel(a.shape[2:])
+    per_channel = math.prod(a.shape[2:])
     # a group of one value normalizes to its bias whatever it is: a gradient that is 0 in
     # exact arithmetic, and rounding times 1/sqrt(eps) in any other summation order than
     # ATen's (no model has such groups)
@@ -165,7 +167,7 @@ def repeat_heads(b: Builder) -> None:
         return
     k = b.rng.choice((2, 3))
     shape = a.shape[:1] + (a.shape[1] * k,) + a.shape[2:]
-    if numel(shape) > b.sizes.max_numel:
+    if math.prod(shape) > b.sizes.max_numel:
         return
     b.emit(f"{a.name}.repeat_interleave({k}, dim=1)", shape)
 
@@ -179,6 +181,6 @@ def conv(b: Builder) -> None:
     n, c, length = a.shape
     out = b.rng.choice((4, c))
     w = b.param((out, c, 3))
-    if numel((n, out, length)) > b.sizes.max_numel:
+    if math.prod((n, out, length)) > b.sizes.max_numel:
         return
     b.emit(f"F.conv1d({a.name}, {w}, padding=1)", (n, out, length))

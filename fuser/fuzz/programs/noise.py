@@ -19,16 +19,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from fuser.dynamo.tidy import is_view
+
 ULPS = 2.0
 EPS32 = 2.0**-24  # a float32 unit roundoff
 
 
 def _new_result(func: Any) -> bool:
     """Whether `func` returns fresh tensors (no alias of an argument, nothing in place)."""
-    schema = func._schema
-    if schema.is_mutable:
-        return False
-    return all(r.alias_info is None for r in schema.returns)
+    return not func._schema.is_mutable and not is_view(func)
 
 
 class Perturbed(TorchDispatchMode):

@@ -3,10 +3,11 @@ that appends a line or two (or nothing, where the value it picked does not fit).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
-from fuser.fuzz.programs.builder import Builder, Shape, numel
+from fuser.fuzz.programs.builder import Builder, Shape
 
 UNARY = (
     "torch.tanh({a})",
@@ -220,7 +221,7 @@ def view(b: Builder) -> None:
         i = rng.randrange(r + 1)
         k = rng.choice((2, 3))
         shape = s[:i] + (k,) + s[i:]
-        if numel(shape) > b.sizes.max_numel:
+        if math.prod(shape) > b.sizes.max_numel:
             return None
         return f"{a.name}.unsqueeze({i}).expand{shape}", shape
 
@@ -236,7 +237,7 @@ def view(b: Builder) -> None:
             return None
         i = rng.randrange(r)
         other = b.same_shape(s)
-        if other is None or numel(s) * 2 > b.sizes.max_numel:
+        if other is None or math.prod(s) * 2 > b.sizes.max_numel:
             return None
         parts = (
             [a.name, other.name] if rng.random() < 0.5 else [a.name, f"torch.tanh({other.name})"]
