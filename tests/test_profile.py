@@ -438,3 +438,36 @@ def test_idle_gaps_by_cause():
     first = g["longest"][0]
     assert first["before"] == "k_b" and first["after"] == "k_c" and first["host_late"], first
     assert abs(first["at_ms"] - 0.165) < 1e-9, first
+
+
+def test_time_outside_compiled_graphs():
+    """Memory-bound time that no compiled graph launched (eager code between graphs: a
+    graph break, a frame past Dynamo's recompile limit) is counted apart, and the own
+    kernels' share is also given of the time inside graphs; a profile with no compiled
+    graph has no such figure."""
+    from fuser.profile.analyse import analyse
+
+    def act(name: str, start: float, marks: tuple[str, ...]) -> Activity:
+        anc = tuple(CpuEvent(m, "cpu_op", 0.0, 1e6, {}) for m in marks)
+        return Activity(name, "kernel", start, 100.0, 7, start - 50.0, anc)
+
+    fw = "Torch-Compiled Region: 3/0"
+    bw = "autograd::engine::evaluate_function: CompiledFunctionBackward"
+    ln = "aten::native_layer_norm"
+    acts = [
+        act("cast_group_1", 0.0, (fw,)),  # fuser's own kernel, in a forward graph
+        act("void vectorized_layer_norm_kernel", 100.0, (fw, ln)),  # ATen, in a graph
+        act("void vectorized_layer_norm_kernel", 200.0, ("aten::layer_norm", ln)),  # eager
+        act("cast_group_2", 300.0, (bw,)),  # fuser's own kernel, in a backward graph
+        act("void elementwise_kernel", 400.0, ()),  # launcher unknown: not called eager
+    ]
+    env, timing = {"device": "NVIDIA H100 80GB HBM3"}, {"unprofiled_ms": 1.0}
+    p = analyse("x", [StepEvents(0.0, 600.0, acts)], {}, env=env, timing=timing)
+    cov = p.coverage()
+    assert cov["memory_bound_ms"] == pytest.approx(0.5)
+    assert cov["outside_graphs_ms"] == pytest.approx(0.1)
+    assert cov["own_share"] == pytest.approx(0.2 / 0.5)
+    assert cov["own_share_in_graphs"] == pytest.approx(0.2 / 0.4)
+    assert "outside every compiled graph" in p.table()
+    eager = [StepEvents(0.0, 600.0, [act("void k", 0.0, ("aten::add",))])]
+    assert "outside_graphs_ms" not in analyse("e", eager, {}, env=env, timing=timing).coverage()

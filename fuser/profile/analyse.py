@@ -209,6 +209,8 @@ def rows_of(steps: list[StepEvents], regions: dict[str, dict]) -> tuple[list[Row
     lab = _Labeller(regions)
     rows: dict[tuple[str, str], Row] = {}
     units: list[dict] = []
+    # a profile with no compiled graph (eager, or fusions run by hand) has no "outside"
+    graphs = any(classify.in_compiled_graph(a) for st in steps for a in st.activities)
     for si, st in enumerate(steps):
         acts = _expand(st.activities, regions)
         timed = bool(acts) and acts[0].start is not None
@@ -228,6 +230,9 @@ def rows_of(steps: list[StepEvents], regions: dict[str, dict]) -> tuple[list[Row
             if t is not None:
                 row.ms = (row.ms or 0.0) + t / 1e3
                 row.kernel_ms = (row.kernel_ms or 0.0) + (a.dur or 0.0) / 1e3
+                if graphs:
+                    eager = classify.in_compiled_graph(a) is False
+                    row.outside_ms = (row.outside_ms or 0.0) + (t / 1e3 if eager else 0.0)
             nbytes, flops, source, detail = values[id(a)]
             if nbytes is not None:
                 row.bytes = (row.bytes or 0.0) + nbytes
@@ -240,7 +245,7 @@ def rows_of(steps: list[StepEvents], regions: dict[str, dict]) -> tuple[list[Row
     n = len(steps) or 1
     for r in rows.values():
         r.calls /= n
-        for f in ("ms", "kernel_ms", "bytes", "flops"):
+        for f in ("ms", "kernel_ms", "bytes", "flops", "outside_ms"):
             if getattr(r, f) is not None:
                 setattr(r, f, getattr(r, f) / n)
     return list(rows.values()), units

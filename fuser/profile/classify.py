@@ -196,6 +196,21 @@ def generated(a: Activity, fused: dict | None) -> bool:
     return inductor_ops(a.name) is not None and not a.name.startswith("triton_tem_")
 
 
+# The CPU events that enclose whatever a compiled graph runs: Dynamo's mark around a
+# compiled frame (forward) and the autograd node of AOTAutograd's compiled backward.
+COMPILED_MARKS = ("Torch-Compiled Region", "autograd::engine::evaluate_function: Compiled")
+
+
+def in_compiled_graph(a: Activity) -> bool | None:
+    """Whether a compiled graph launched this activity; None where nothing launched it
+    that the profile knows of (a kernel with no CPU events, e.g. no twin in the
+    attributes pass). An activity outside every graph ran eagerly: code Dynamo did not
+    capture (a graph break, a frame past its recompile limit) or outside the model."""
+    if not a.ancestors:
+        return None
+    return any(e.name.startswith(COMPILED_MARKS) for e in a.ancestors)
+
+
 # kernels fuser launches outside a fused region (no region entry): its cast groups
 # (runtime/cast_group.py), scatter-adds (codegen/triton/scatter.py) and the in-place
 # scale of a cross-entropy gradient (dynamo/ce_scale.py)

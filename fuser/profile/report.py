@@ -53,6 +53,9 @@ class Row:
     # a kernel the compiler wrote (fuser's or Inductor's), not an ATen one: its copies
     # and casts count in copies/fills, and as its own kernels in coverage()
     generated: bool = False
+    # attributed time of this row's activities that no compiled graph launched (eager
+    # code between graphs); None where the profile saw no compiled graph at all
+    outside_ms: float | None = None
 
     def rates(self, copy_gbps: float | None, peak: float | None) -> None:
         t = self.kernel_ms
@@ -98,7 +101,7 @@ class StepProfile:
                 )
                 g.bytes_from = r.bytes_from
             g.calls += r.calls
-            for f in ("ms", "kernel_ms", "bytes", "flops"):
+            for f in ("ms", "kernel_ms", "bytes", "flops", "outside_ms"):
                 v = getattr(r, f)
                 if v is not None:
                     setattr(g, f, (getattr(g, f) or 0.0) + v)
@@ -131,13 +134,22 @@ class StepProfile:
         own = ms[FUSED] + sum(
             r.ms or 0.0 for r in self.rows if r.category == COPIES and r.generated
         )
-        return {
+        out = {
             "fused_ms": ms[FUSED],
             "memory_bound_ms": total,
             "share": share,
             "own_ms": own,
             "own_share": own / total if total else float("nan"),
         }
+        # memory-bound time no compiled graph launched: eager code that no backend was
+        # handed (graph breaks, frames past Dynamo's recompile limit)
+        outside = [r.outside_ms for r in self.rows if r.category in ms]
+        if any(v is not None for v in outside):
+            eager = sum(v or 0.0 for v in outside)
+            inside = total - eager
+            out["outside_graphs_ms"] = eager
+            out["own_share_in_graphs"] = own / inside if inside > 0 else float("nan")
+        return out
 
     def checks(self) -> dict[str, Any]:
         t, out = self.timing, {}
@@ -366,6 +378,12 @@ def category_lines(p: StepProfile) -> list[str]:
                     f"  in the compiler's own kernels {cov['own_share']:.0%}: "
                     f"{cov['own_ms']:.2f} ms, its copy and cast kernels included (the rest: "
                     "ATen's kernels)"
+                )
+            if cov.get("outside_graphs_ms"):
+                lines.append(
+                    f"  outside every compiled graph (eager: graph breaks, frames past "
+                    f"Dynamo's recompile limit): {cov['outside_graphs_ms']:.2f} ms of it; "
+                    f"own kernels {cov['own_share_in_graphs']:.0%} of the time inside graphs"
                 )
     return lines
 

@@ -30,8 +30,9 @@ def table(results: list[Result]) -> str:
     rows = [
         "| model | impl | B | params M | pass | max loss diff | max grad err | ms/step | "
         "vs eager | peak GiB | graphs / breaks | fused/unfused ops | GPU busy ms | "
-        "coverage (GPU time) | own kernels (GPU time) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "coverage (GPU time) | own kernels (GPU time) | eager between graphs ms | "
+        "own kernels in graphs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = {r.model: r for r in results if r.impl == "eager"}
     speedups: dict[str, list[float]] = {}
@@ -46,9 +47,10 @@ def table(results: list[Result]) -> str:
         timed = [v for k, v in r.gpu_ms.items() if k != "idle" and v is not None]
         busy = sum(timed) if timed else None
         gpu = (
-            f"{busy:.1f} | {r.gpu_coverage:.0%} | {r.own_coverage:.0%}"
+            f"{busy:.1f} | {r.gpu_coverage:.0%} | {r.own_coverage:.0%} | "
+            f"{r.outside_graphs_ms:.2f} | {r.own_coverage_in_graphs:.0%}"
             if busy is not None
-            else " | | "
+            else " | | | | "
         )
         rows.append(
             f"| {r.model} | {r.impl} | {r.batch} | {r.params_m:.1f} | {state} | "

@@ -230,7 +230,12 @@ def batch(
         return {"pixel_values": pixels, "labels": labels}
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (b, n), generator=g).to(device)
+    # A training step has no use for a KV cache, yet transformers builds one by default.
+    # OPT's cache is guarded layer by layer (`layers[i].is_initialized`): Dynamo compiles
+    # each layer anew, reaches its recompile limit (8) and runs the last layers eagerly,
+    # whichever the backend.
     if family.kind == "seq2seq":
         labels = torch.randint(0, vocab, (b, n), generator=g).to(device)
-        return {"input_ids": ids, "labels": labels}
-    return {"input_ids": ids, "labels": ids.clone()}  # decoders shift the labels themselves
+        return {"input_ids": ids, "labels": labels, "use_cache": False}
+    out = {"input_ids": ids, "labels": ids.clone()}  # decoders shift the labels themselves
+    return {**out, "use_cache": False} if family.kind == "decoder" else out

@@ -21,6 +21,9 @@ def profiled(step: Callable[[], object], res: Result, out: Path) -> None:
     cov = prof.coverage()
     res.gpu_coverage = cov["share"] if cov else float("nan")
     res.own_coverage = cov["own_share"] if cov else float("nan")
+    if cov and "outside_graphs_ms" in cov:
+        res.outside_graphs_ms = cov["outside_graphs_ms"]
+        res.own_coverage_in_graphs = cov["own_share_in_graphs"]
     folder = out / f"{res.model}-{res.impl}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "profile.txt").write_text(str(prof.table(top=30)) + "\n")

@@ -79,6 +79,10 @@ class Result:
     gpu_coverage: float = float("nan")
     # the same time's share in the compiler's own kernels, its copy and cast kernels too
     own_coverage: float = float("nan")
+    # memory-bound ms a step that ran outside every compiled graph (eager code between
+    # graphs), and the own kernels' share of the time inside the graphs
+    outside_graphs_ms: float = float("nan")
+    own_coverage_in_graphs: float = float("nan")
     error: str = ""
 
     @property
