@@ -162,7 +162,7 @@ def _hidden_relayouts(
     strided copy (~30% of copy on an H200, against ~85% for a fused copy). The passes run
     only where an output could be one: an input of its shape and dtype in other strides."""
     maybe = any(
-        _relayout(p, o) and _same_kind(p, o)
+        _same_kind(p, o) and _relayout(p, o)
         for o, (kind, _) in zip(plan.outputs, slots)
         if kind == "fd"
         for p in plan.inputs
