@@ -36,7 +36,9 @@ UNARY = (
     "F.hardswish({a})",
     "F.logsigmoid({a})",
     "torch.erf({a})",
-    "{a}.to(torch.bfloat16).float()",
+    # bf16 rounding, back in the run's own dtype: `.float()` would make the float64
+    # reference mix float32 into ops that refuse mixed dtypes (batch norm's running stats)
+    "{a}.to(torch.bfloat16).to({a}.dtype)",
 )
 BINARY = (
     "{a} + {b}",
