@@ -198,6 +198,8 @@ def generated(a: Activity, fused: dict | None) -> bool:
 
 # The CPU events that enclose whatever a compiled graph runs: Dynamo's mark around a
 # compiled frame (forward) and the autograd node of AOTAutograd's compiled backward.
+# Dynamo's mark spans the whole frame, so an unsupported call that a frame with a graph
+# break runs eagerly between its graphs counts as inside: the figure is a lower bound.
 COMPILED_MARKS = ("Torch-Compiled Region", "autograd::engine::evaluate_function: Compiled")
 
 

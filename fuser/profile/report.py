@@ -379,7 +379,7 @@ def category_lines(p: StepProfile) -> list[str]:
                     f"{cov['own_ms']:.2f} ms, its copy and cast kernels included (the rest: "
                     "ATen's kernels)"
                 )
-            if cov.get("outside_graphs_ms"):
+            if (cov.get("outside_graphs_ms") or 0.0) >= 0.005:  # under that: launch noise
                 lines.append(
                     f"  outside every compiled graph (eager: graph breaks, frames past "
                     f"Dynamo's recompile limit): {cov['outside_graphs_ms']:.2f} ms of it; "
