@@ -57,11 +57,9 @@ def _gpu_time(fn) -> tuple[float, float]:
     """(GPU ms, host ms) of a rotary step: the training bench's protocol (a GPU spin long
     enough for the host to enqueue the whole step, so the events time the GPU's work).
     The step is ~0.2 ms of GPU work behind more host time than that: timed by events
-    alone (`wall_ms`), it measures Python and moved up to 2.4x between runs."""
-    return gpu_ms(fn, reps=60)
-
-
-GPU_TIME = _gpu_time
+    alone (`wall_ms`), it measures Python and moved up to 2.4x between runs. On the CPU
+    (--cpu-smoke), one call on the host."""
+    return (_once(fn), 0.0) if DEV == "cpu" else gpu_ms(fn, reps=60)
 
 
 def _once(fn) -> float:
@@ -268,7 +266,7 @@ def rotary(args: argparse.Namespace, copy: float, layout: str) -> list[dict]:
             err = max((qo.float() - want[0]).abs().max().item(),
                       (ko.float() - want[1]).abs().max().item())  # fmt: skip
             wall = TIME(step)
-            ms, host = GPU_TIME(step)
+            ms, host = _gpu_time(step)
             rec = _record(f"rotary fwd+bwd ({variant}, {layout} q/k)", name, ms, nbytes, copy,
                           max_err=err, wall_ms=round(wall, 4), host_ms=round(host, 4),
                           first_call_s=round(first, 2), q=list(q.shape), k=list(k.shape),
@@ -304,10 +302,9 @@ def main() -> None:
     ap.add_argument("--only", choices=("embedding", "rotary"), default=None)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU, no timing")
     args = ap.parse_args()
-    global DEV, TIME, GPU_TIME
+    global DEV, TIME
     if args.cpu_smoke:
         DEV, TIME = "cpu", _once
-        GPU_TIME = lambda fn: (_once(fn), 0.0)  # noqa: E731
         args.vocab, args.hidden, args.tokens = 37, 24, 53
         args.t5_seq, args.bert_batch, args.bert_seq, args.bert_hidden = 24, 2, 40, 24
         args.batch, args.heads, args.kv_heads, args.seq, args.head_dim = 2, 4, 2, 8, 16
