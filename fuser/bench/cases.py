@@ -269,6 +269,82 @@ def gelu_bwd_case(rows: int, cols: int, dtype: torch.dtype) -> Case:
     )
 
 
+ROPE_HEADS, ROPE_SEQ = 32, 2048
+
+
+def _rope_dims(rows: int, cols: int) -> tuple[int, int, int, int]:
+    """(B, heads, T, D) of `rows` positions: T = 2048, or all of them when fewer."""
+    t = min(ROPE_SEQ, rows)
+    return max(rows // t, 1), ROPE_HEADS, t, cols
+
+
+def _rope_fusion(name: str, rows: int, cols: int, dtype: torch.dtype, backward: bool):
+    """q [B, 32, T, D] (rows = B * T positions, cols = D) turned by cos/sin [B, T, D]
+    broadcast over the heads: q * cos + rotate_half(q) * sin, or its backward from dq's
+    gradient g: g * cos + rotate_half's transpose of g * sin."""
+    b, h, t, d = _rope_dims(rows, cols)
+    half = d // 2
+    with FusionDefinition(name) as fd:
+        o = fd.ops
+        x = o.cast(fd.define_tensor([b, h, t, d], dtype), torch.float32)
+
+        def heads(v):  # noqa: ANN001, ANN202
+            v = o.cast(v, torch.float32)
+            return o.broadcast_in_dim(v, shape=[b, h, t, d], broadcast_dims=[0, 2, 3])
+
+        cos, sin = (
+            heads(fd.define_tensor([b, t, d], dtype)),
+            heads(fd.define_tensor([b, t, d], dtype)),
+        )
+        lo, hi = o.slice(x, 3, 0, half), o.slice(x, 3, half, d)
+        if backward:
+            xs = o.mul(x, sin)
+            turned = o.cat([o.slice(xs, 3, half, d), o.neg(o.slice(xs, 3, 0, half))], 3)
+            out = o.add(o.mul(x, cos), turned)
+        else:
+            out = o.add(o.mul(x, cos), o.mul(o.cat([o.neg(hi), lo], 3), sin))
+        fd.add_output(o.cast(out, dtype))
+    return fd
+
+
+def rope_case(rows: int, cols: int, dtype: torch.dtype, backward: bool = False) -> Case:
+    """A rotary embedding over 32 heads at T = 2048 (issue 21's q): a broadcast over a
+    middle row dim and rotate_half's column views, forward or backward."""
+    name = "rope_bwd" if backward else "rope_fwd"
+    fd = _rope_fusion(name, rows, cols, dtype, backward)
+    b, h, t, d = _rope_dims(rows, cols)
+
+    def eager(ins: Tensors) -> Tensors:
+        # in float32, rounded once, as the fusion computes (bf16 eager rounds each
+        # product first: 1 ulp of the larger term apart where the two nearly cancel)
+        x, cos, sin = ins[0].float(), ins[1][:, None].float(), ins[2][:, None].float()
+        if backward:
+            xs = x * sin
+            out = x * cos + torch.cat((xs[..., d // 2 :], -xs[..., : d // 2]), -1)
+        else:
+            out = x * cos + torch.cat((-x[..., d // 2 :], x[..., : d // 2]), -1) * sin
+        return [out.to(ins[0].dtype)]
+
+    def inputs(device: str) -> Tensors:
+        g = _rng(rows, cols)
+        return [_randn(g, (b, h, t, d), dtype, device)] + [
+            _randn(g, (b, t, d), dtype, device) for _ in range(2)
+        ]
+
+    return Case(
+        name,
+        b * h * t,
+        cols,
+        dtype,
+        [fd],
+        _single(fd),
+        eager,
+        inputs,
+        (2 * b * h * t * d + 2 * b * t * d) * dtype.itemsize,
+        note=f"q [{b}, {h}, {t}, {d}], cos/sin [{b}, {t}, {d}] broadcast over the heads",
+    )
+
+
 # -- reductions -----------------------------------------------------------------------------
 def colsum_case(rows: int, cols: int, dtype: torch.dtype) -> Case:
     with FusionDefinition("bias_grad") as fd:
@@ -387,6 +463,8 @@ OPS: dict[str, tuple[Callable[[int, int, torch.dtype], Case], int, list[int], st
     "layernorm_fwd_bwd": (layernorm_fwd_bwd_case, 8192, [768, 1600, 5140], "bf16"),
     "gelu_fwd": (gelu_fwd_case, 8192, [3072], "bf16"),
     "gelu_bwd": (gelu_bwd_case, 8192, [3072], "bf16"),
+    "rope_fwd": (rope_case, 16384, [128], "bf16"),
+    "rope_bwd": (lambda r, c, dt: rope_case(r, c, dt, backward=True), 16384, [128], "bf16"),
     "bias_grad": (colsum_case, 8192, [3072, 6400], "bf16"),
     "softmax": (softmax_case, 98304, [1024], "bf16"),
     "cross_entropy_fwd_bwd": (cross_entropy_case, 8192, [50257], "bf16"),

@@ -81,6 +81,11 @@ def graph_text(record: GraphRecord, source: bool = False, brief: bool = False) -
     lines += [f"  {note}" for note in record.attention]
     lines += [f"  {note}" for note in record.scatters]
     lines += [f"  sum {note}" for note in record.middle_sums]
+    if record.outer_products:
+        lines.append(
+            f"  {record.outer_products} matmul(s) contracting one element made products "
+            "(outer_product.py): they fuse with their producers and consumers"
+        )
     if record.duplicates or record.casts_moved:
         lines.append(
             f"  tidied: {record.duplicates} repeated ATen call(s) merged, "

@@ -29,6 +29,7 @@ from fuser.dynamo.gemm import lower_gemm
 from fuser.dynamo.indexing import lower_scatters
 from fuser.dynamo.layout import drop_empty_pieces
 from fuser.dynamo.middle_sums import split_middle_sums
+from fuser.dynamo.outer_product import outer_products
 from fuser.dynamo.pad_mm import pad_matmuls
 from fuser.dynamo.partition import form_regions
 from fuser.dynamo.program import CallProgram
@@ -81,6 +82,7 @@ class GraphRecord:
     views_moved: int = 0  # row views taken out from between fusible ops (views.py)
     duplicates: int = 0  # repeated pure ATen calls replaced by the first (tidy.py)
     casts_moved: int = 0  # casts of transposed or reshaped views moved before them (tidy.py)
+    outer_products: int = 0  # matmuls contracting one element made products (outer_product.py)
     matmuls_padded: list[str] = field(default_factory=list)  # pad_mm.py's notes
     attention: list[str] = field(default_factory=list)  # attention.py's choices
     scatters: list[str] = field(default_factory=list)  # indexing.py's scatter-adds
@@ -453,13 +455,15 @@ def _aten_graph(
 
 
 def prepare(gm: fx.GraphModule, record: GraphRecord) -> fx.GraphModule:
-    """The first stage: a copy of gm (gm stays the ATen fallback) with its chosen matmul
-    chains made GEMM template calls, its unaligned matmuls padded, its chosen attentions
-    made template calls, its scatter-adds calls of fuser's scatter kernel, its repeated
-    pure calls merged, its casts of views moved before them, its sums over a few middle
-    elements adds of views, and its row views moved out from between fusible ops."""
+    """The first stage: a copy of gm (gm stays the ATen fallback) with its matmuls of one
+    element's contraction made products, its chosen matmul chains made GEMM template
+    calls, its unaligned matmuls padded, its chosen attentions made template calls, its
+    scatter-adds calls of fuser's scatter kernel, its repeated pure calls merged, its
+    casts of views moved before them, its sums over a few middle elements adds of views,
+    and its row views moved out from between fusible ops."""
     work = draft_module(gm)  # read as a graph from here on: rewrite() makes the module
     scale_saved_gradient_in_place(work)
+    record.outer_products = outer_products(work.graph)  # rotary angles: inv_freq @ positions
     record.gemm = lower_gemm(work)  # before padding: a template call needs none
     if config.pad_matmuls:
         record.matmuls_padded = pad_matmuls(work)

@@ -144,20 +144,25 @@ def _merge_siblings(
     group_graph: Callable[[], nx.DiGraph],
     split: frozenset[int],
 ) -> None:
-    """Merge a column-reduction kernel into a row-reduction kernel that reads the same
-    FULL input (db = sum over rows of dy beside dx's row kernel, with no edge between
-    them): one inner-outer kernel reads that input once instead of twice."""
+    """Merge kernels with no edge between them that read the same FULL input, so that one
+    kernel reads it once instead of twice:
+    - a column-reduction kernel into a row-reduction kernel (db = sum over rows of dy
+      beside dx's row kernel): one inner-outer kernel;
+    - two pointwise kernels over one domain (the sin and cos of one angle tensor that
+      two consumers take as separate broadcast inputs): one launch."""
     changed = True
     while changed:
         changed = False
         gg = group_graph()
         layouts = {g: _try(consts_for(ns, consts) + ns, split) for g, ns in groups.items()}
         for b, lb in layouts.items():
-            if lb is None or not lb.outer or lb.inner:
+            if lb is None or lb.inner or not (lb.outer or _pointwise(lb)):
                 continue
             reads_b = _full_inputs(groups[b], lb)
             for a, la in layouts.items():
-                if a == b or la is None or not la.inner or la.domain != lb.domain:
+                if a == b or la is None or la.domain != lb.domain:
+                    continue
+                if not (la.inner if lb.outer else _pointwise(la)):
                     continue
                 if not reads_b & _full_inputs(groups[a], la):
                     continue
@@ -169,6 +174,10 @@ def _merge_siblings(
                 break
             if changed:
                 break
+
+
+def _pointwise(layout: Layout) -> bool:
+    return not layout.inner and not layout.outer
 
 
 def _full_inputs(members: list[Node], layout: Layout) -> set[int]:
