@@ -120,7 +120,6 @@ def test_gradient_in_the_outputs_layout_is_not_copied(_fresh_dynamo, monkeypatch
 
     if not hasattr(fc, "guess_tangent_strides_as_outputs"):
         pytest.skip("this torch has no guess_tangent_strides_as_outputs")
-    monkeypatch.setattr(fc, "guess_tangent_strides_as_outputs", False)
     coerce, copied = rw.coerce_to_expected_memory_format, []
 
     def watched(x, memory_format):  # noqa: ANN001, ANN202
@@ -131,7 +130,10 @@ def test_gradient_in_the_outputs_layout_is_not_copied(_fresh_dynamo, monkeypatch
     monkeypatch.setattr(rw, "coerce_to_expected_memory_format", watched)
     q, k, inv, pos = _inputs(torch.float32, transposed=True)
     qq, kk = q.detach().requires_grad_(), k.detach().requires_grad_()
-    out = torch.compile(_from_positions, backend=FuserBackend(strict=True))(qq, kk, inv, pos)
+    # (the config's own patch: monkeypatch would delete the key on undo)
+    with fc.patch(guess_tangent_strides_as_outputs=False):
+        compiled = torch.compile(_from_positions, backend=FuserBackend(strict=True))
+        out = compiled(qq, kk, inv, pos)
     assert out[0].stride() == q.stride()  # written in q's layout
     gq, gk = torch.randn_like(q), torch.randn_like(k)  # randn_like keeps the layout
     got = torch.autograd.grad(out, (qq, kk), (gq, gk))
