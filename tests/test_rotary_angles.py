@@ -158,3 +158,35 @@ def test_sibling_kernels_that_read_one_input_are_one(backend, shape):
     torch.testing.assert_close(a, x.sin() * (x + x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(b, x.cos() + x, rtol=1e-5, atol=1e-5)
     assert len(fd._runtime().last.kernels) == 1
+
+
+def test_expanded_output_keeps_torchs_tangent_guess(_fresh_dynamo):
+    """An output whose elements share memory (an expand) cannot take its gradient in its
+    own strides (torch 2.11 failed copying into them): such a graph keeps AOTAutograd's
+    guess, and its backward runs and matches eager; a graph of dense outputs does not."""
+    from fuser.dynamo.backend import _overlapping_output
+
+    graphs = []
+
+    def record(gm, example_inputs):  # noqa: ANN001, ANN202
+        graphs.append(gm)
+        return gm.forward
+
+    def expanded(x):  # noqa: ANN001, ANN202
+        return x.sin().unsqueeze(1).expand(4, 3, 6), x * 2
+
+    def dense(x):  # noqa: ANN001, ANN202
+        return x.sin().t(), x * 2
+
+    x = torch.randn(4, 6, device=DEV)
+    for fn in (expanded, dense):
+        torch.compile(fn, backend=record)(x)
+    assert _overlapping_output(graphs[0]) and not _overlapping_output(graphs[1])
+
+    torch._dynamo.reset()
+    xx = x.clone().requires_grad_()
+    out = torch.compile(expanded, backend=FuserBackend(strict=True))(xx)
+    g = [torch.randn(o.shape, device=DEV) for o in out]
+    got = torch.autograd.grad(out, xx, g)[0]
+    want = torch.autograd.grad(expanded(xx), xx, g)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -276,7 +276,7 @@ class FuserBackend:
         if config.one_pass_cross_entropy:
             capture.linear_ce = chunk_linear_cross_entropy(gm)
             capture.cross_entropy = one_pass_cross_entropy(gm, capture.linear_ce)
-        with _tangents_as_outputs():
+        with _tangents_as_outputs(gm):
             compiled = aot_autograd(**kwargs)(gm, example_inputs)
         if absent is not None and absent.returns:
             compiled = absent.wrap(compiled)
@@ -287,17 +287,45 @@ class FuserBackend:
         return compiled
 
 
-def _tangents_as_outputs() -> Any:
+def _tangents_as_outputs(gm: fx.GraphModule) -> Any:
     """AOTAutograd traces each output's gradient (tangent) with the output's own strides,
     not made contiguous. Where it guesses contiguous (torch 2.11's default; 2.13's is
     strides), a gradient that arrives in the output's layout (q and k of a rotary
     embedding, transposed as `transformers` makes them) is copied to contiguous before
     every backward: two ATen copies of 0.23 ms in issue 21's rotary step on an H200. A
-    gradient in another layout is copied to the output's strides instead, as before."""
+    gradient in another layout is copied to the output's strides instead, as before.
+
+    Not for a graph with an output whose elements share memory (an `expand`): torch
+    2.11 would copy its gradient into those strides, which fails ("more than one element
+    of the written-to tensor refers to a single memory location"; 2.13 guesses a memory
+    format there instead). Its graph keeps torch's own guess."""
     fc = torch._functorch.config
-    if not hasattr(fc, "guess_tangent_strides_as_outputs"):
+    if not hasattr(fc, "guess_tangent_strides_as_outputs") or _overlapping_output(gm):
         return contextlib.nullcontext()
     return fc.patch(guess_tangent_strides_as_outputs=True)
+
+
+def _overlapping_output(gm: fx.GraphModule) -> bool:
+    """Whether a tensor output of Dynamo's graph may have elements that share memory (or
+    has no recorded value to tell)."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    for a in _leaves(out.args):
+        if not isinstance(a, fx.Node):
+            continue
+        t = a.meta.get("example_value", a.meta.get("val"))
+        if t is None:
+            return True
+        if isinstance(t, torch.Tensor) and torch._debug_has_internal_overlap(t) == 1:
+            return True
+    return False
+
+
+def _leaves(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        return [leaf for v in x for leaf in _leaves(v)]
+    if isinstance(x, dict):
+        return [leaf for v in x.values() for leaf in _leaves(v)]
+    return [x]
 
 
 def _device_type(inputs: list[Any]) -> str:
