@@ -65,20 +65,23 @@ L2_ROWS_SHARE = 0.8
 def schedule_pointwise(
     spec: KernelSpec,
     dev: Device,
-    per_block: int = 4096,
+    per_block: int = 1024,
     warps: int | None = None,
     backend: Backend | str = "triton",
 ) -> Schedule:
     reasons: list[str] = []
     v = vector_width(spec, reasons)
-    # ~16 elements per thread of 256 threads per block: two 16-byte accesses of fp16
-    # in flight per thread, enough blocks for every SM on 8192x768 and up
+    # 1024-element tiles, one vector access a thread per tensor (4 warps at 2-byte
+    # elements): the best of the pointwise space timed on an H200 (session 21's sweep:
+    # rotary forward and backward at D = 64 and 128, GELU forward and backward, bf16),
+    # where 4096-element tiles of two accesses a thread lost 6-11% (more blocks resident,
+    # fewer registers each, more loads in flight an SM)
     per_block = min(per_block, pow2_ceil(spec.cols * spec.rows))
     chunk = min(pow2_ceil(spec.cols), per_block, 1024 * v)
     tpr = max(chunk // v, 1)
     rpb = max(min(per_block // chunk, pow2_ceil(spec.rows)), 1)
     if warps is None:
-        warps = pow2_floor(max(1, min(8, tpr * rpb // (32 * 2))))
+        warps = pow2_floor(max(1, min(8, tpr * rpb // 32)))
     s = Schedule(
         "pointwise",
         spec.rows,
