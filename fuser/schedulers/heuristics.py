@@ -71,17 +71,18 @@ def schedule_pointwise(
 ) -> Schedule:
     reasons: list[str] = []
     v = vector_width(spec, reasons)
-    # 1024-element tiles, one vector access a thread per tensor (4 warps at 2-byte
-    # elements): the best of the pointwise space timed on an H200 (session 21's sweep:
-    # rotary forward and backward at D = 64 and 128, GELU forward and backward, bf16),
-    # where 4096-element tiles of two accesses a thread lost 6-11% (more blocks resident,
-    # fewer registers each, more loads in flight an SM)
+    # 1024-element tiles of 4 warps, 8 elements a thread (one 16-byte access of 2-byte
+    # elements, two of fp32): timed over the pointwise space on an H200 (session 21),
+    # within 0.6% of the best for rotary forward and backward (D = 64, 128) and GELU
+    # forward and backward in bf16, where 4096-element tiles of 16 a thread lost 6-11%
+    # (more blocks resident, fewer registers each); 3.2% off fp32 GELU's best (4096
+    # elements, 16 warps), where 4 elements a thread lost 5.2%
     per_block = min(per_block, pow2_ceil(spec.cols * spec.rows))
     chunk = min(pow2_ceil(spec.cols), per_block, 1024 * v)
     tpr = max(chunk // v, 1)
     rpb = max(min(per_block // chunk, pow2_ceil(spec.rows)), 1)
     if warps is None:
-        warps = pow2_floor(max(1, min(8, tpr * rpb // 32)))
+        warps = pow2_floor(max(1, min(8, tpr * rpb * v // (32 * 8))))
     s = Schedule(
         "pointwise",
         spec.rows,
