@@ -4,9 +4,9 @@
 `transformers` computes every rotary embedding's angles so (LlamaRotaryEmbedding and its
 copies in Mistral, Qwen2, Gemma, Phi, GPT-NeoX...): `inv_freq[None, :, None] @
 positions[:, None, :].float()`, an outer product of [B, D/2, 1] and [B, 1, T]. As a bmm it
-is a cuBLAS launch, with the positions' cast to fp32 a kernel of its own before it, and the
-cos and sin after it a third. As a product it is element-wise work that fuses with its
-producers and consumers: the positions' cast, the angles, their cos and sin, one kernel.
+is a cuBLAS launch, with the positions' cast to fp32 a kernel of its own before it. As a
+product it is element-wise work that fuses with its producers and consumers: the
+positions' cast and the angles are one kernel (the cos and sin another, see "Not done").
 
 The result is the same to the bit: with K = 1 a matmul adds one product to nothing, the
 product rounded once to the output dtype, as `mul` does. Not where float32 matmuls may run
