@@ -22,7 +22,7 @@ from fuser.schedulers.device import Device
 from fuser.schedulers.online import looped_plan
 from fuser.schedulers.outer import outer_candidates, schedule_outer
 from fuser.schedulers.registers import buffer_registers
-from fuser.schedulers.schedule import Estimate, Schedule
+from fuser.schedulers.schedule import GRID_LIMITS, Estimate, Schedule
 from fuser.schedulers.spec import KernelSpec
 
 # re-exported: the helpers lived here before fuser/schedulers/common.py
@@ -79,6 +79,17 @@ def schedule_pointwise(
     # elements, 16 warps), where 4 elements a thread lost 5.2%
     per_block = min(per_block, pow2_ceil(spec.cols * spec.rows))
     chunk = min(pow2_ceil(spec.cols), per_block, 1024 * v)
+    tiles = -(-spec.cols // chunk)
+    if tiles > GRID_LIMITS[1] and chunk < 1024 * v:
+        # a row's column tiles go on the grid's y (at most 65535): a long row (a 1-D
+        # tensor of 100M elements) takes wider tiles, up to 1024 threads of v
+        wide = min(pow2_ceil(-(-spec.cols // GRID_LIMITS[1])), 1024 * v)
+        reasons.append(
+            f"{tiles} column tiles of {chunk} would pass the grid's y limit "
+            f"({GRID_LIMITS[1]}): {wide}-column tiles"
+        )
+        chunk = wide
+        per_block = max(per_block, chunk)
     tpr = max(chunk // v, 1)
     rpb = max(min(per_block // chunk, pow2_ceil(spec.rows)), 1)
     if warps is None:
