@@ -36,7 +36,6 @@ for name, fd, ins in cases:
                 print(name, backend, k.name, "resources error", str(e)[:120])
                 continue
             est = k.schedule.estimate.registers if k.schedule.estimate else None
-            print(
-                f"{name:32s} {backend:6s} {k.name[-3:]:4s} {k.schedule.short():42s} est {est} ptxas {r.get('registers')} spill {r.get('spill_bytes', r.get('spills'))}",
-                flush=True,
-            )
+            spill = r.get("spill_bytes", r.get("spills"))
+            line = f"{name:32s} {backend:6s} {k.name[-3:]:4s} {k.schedule.short():42s}"
+            print(f"{line} est {est} ptxas {r.get('registers')} spill {spill}", flush=True)
