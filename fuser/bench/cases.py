@@ -278,7 +278,9 @@ def _rope_dims(rows: int, cols: int) -> tuple[int, int, int, int]:
     return max(rows // t, 1), ROPE_HEADS, t, cols
 
 
-def _rope_fusion(name: str, rows: int, cols: int, dtype: torch.dtype, backward: bool):
+def _rope_fusion(
+    name: str, rows: int, cols: int, dtype: torch.dtype, backward: bool
+) -> FusionDefinition:
     """q [B, 32, T, D] (rows = B * T positions, cols = D) turned by cos/sin [B, T, D]
     broadcast over the heads: q * cos + rotate_half(q) * sin, or its backward from dq's
     gradient g: g * cos + rotate_half's transpose of g * sin."""
@@ -296,13 +298,13 @@ def _rope_fusion(name: str, rows: int, cols: int, dtype: torch.dtype, backward: 
             heads(fd.define_tensor([b, t, d], dtype)),
             heads(fd.define_tensor([b, t, d], dtype)),
         )
-        lo, hi = o.slice(x, 3, 0, half), o.slice(x, 3, half, d)
-        if backward:
+        if backward:  # rotate_half's transpose of x * sin
             xs = o.mul(x, sin)
             turned = o.cat([o.slice(xs, 3, half, d), o.neg(o.slice(xs, 3, 0, half))], 3)
-            out = o.add(o.mul(x, cos), turned)
-        else:
-            out = o.add(o.mul(x, cos), o.mul(o.cat([o.neg(hi), lo], 3), sin))
+        else:  # rotate_half(x) * sin
+            rot = o.cat([o.neg(o.slice(x, 3, half, d)), o.slice(x, 3, 0, half)], 3)
+            turned = o.mul(rot, sin)
+        out = o.add(o.mul(x, cos), turned)
         fd.add_output(o.cast(out, dtype))
     return fd
 

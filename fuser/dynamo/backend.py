@@ -309,23 +309,11 @@ def _overlapping_output(gm: fx.GraphModule) -> bool:
     """Whether a tensor output of Dynamo's graph may have elements that share memory (or
     has no recorded value to tell)."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
-    for a in _leaves(out.args):
-        if not isinstance(a, fx.Node):
-            continue
+    for a in out.all_input_nodes:
         t = a.meta.get("example_value", a.meta.get("val"))
-        if t is None:
-            return True
-        if isinstance(t, torch.Tensor) and torch._debug_has_internal_overlap(t) == 1:
+        if t is None or (isinstance(t, torch.Tensor) and torch._debug_has_internal_overlap(t) == 1):
             return True
     return False
-
-
-def _leaves(x: Any) -> list[Any]:
-    if isinstance(x, (list, tuple)):
-        return [leaf for v in x for leaf in _leaves(v)]
-    if isinstance(x, dict):
-        return [leaf for v in x.values() for leaf in _leaves(v)]
-    return [x]
 
 
 def _device_type(inputs: list[Any]) -> str:
